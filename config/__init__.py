@@ -1,0 +1,1 @@
+"""Celery and logging configuration for the example app, read from the settings."""

@@ -1,0 +1,22 @@
+"""Celery configuration (``app.config_from_object("config.celery")``), from SAGAWORKER_*.
+
+Reliability settings (late acks, prefetch 1, visibility timeout, publisher confirms,
+queues) are applied by ``Sagaworker`` itself; this module holds the app's own choices.
+"""
+
+from __future__ import annotations
+
+from sagaworker import Settings
+
+_settings = Settings()
+
+broker_url = _settings.broker_url
+task_serializer = "json"
+accept_content = ["json"]
+result_backend = None
+task_ignore_result = True
+timezone = "UTC"
+enable_utc = True
+worker_send_task_events = False
+# SIGTERM is a warm shutdown: running tools finish, the rest is requeued (acks_late).
+worker_proc_alive_timeout = 10

@@ -1,0 +1,150 @@
+"""The approval gate: HMAC-signed tokens bound to one step and its exact arguments."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from ._canonical import args_digest
+from ._dialect import aware
+from ._errors import ApprovalInvalid, ConfigurationError
+from ._journal import now
+from ._logging import get_logger
+from ._schema import entries
+from ._types import ApprovalRequest, Phase, SagaStatus
+
+if TYPE_CHECKING:
+    from ._core import Sagaworker
+
+__all__ = ["Gate", "Signer"]
+
+log = get_logger()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Signer:
+    def __init__(self, secret: str | None, ttl: float) -> None:
+        self.secret, self.ttl = secret, ttl
+
+    def _key(self) -> bytes:
+        if not self.secret:
+            raise ConfigurationError(
+                "approvals need a secret: set SAGAWORKER_APPROVAL_SECRET (the same value on "
+                "producers, workers and wherever approvals are decided)")
+        return self.secret.encode()
+
+    def sign(self, saga_id: str, seq: int, tool: str, digest: str, nonce: str) -> str:
+        body = {"s": saga_id, "q": seq, "t": tool, "d": digest, "n": nonce,
+                "e": int(time.time() + self.ttl)}
+        payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+        mac = hmac.new(self._key(), payload.encode(), hashlib.sha256).digest()
+        return f"{payload}.{_b64(mac)}"
+
+    def verify(self, token: str) -> dict[str, Any]:
+        key = self._key()
+        try:
+            payload, mac = token.strip().split(".")
+            expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
+            if not hmac.compare_digest(expected, _unb64(mac)):
+                raise ValueError("bad signature")
+            body: dict[str, Any] = json.loads(_unb64(payload))
+            saga_id, seq = body["s"], body["q"]
+            if not isinstance(saga_id, str) or not isinstance(seq, int):
+                raise ValueError("bad body")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApprovalInvalid(
+                "approval token is not valid (forged or damaged); nothing changed. Get a "
+                "fresh token from sw.pending_approvals() or `sagaworker approvals`") from exc
+        if body["e"] < time.time():
+            raise ApprovalInvalid(
+                f"approval token for saga {saga_id!r} step {seq} expired; nothing changed. "
+                "The gate is still open: get a fresh token from sw.pending_approvals()")
+        return body
+
+
+class Gate:
+    def __init__(self, sw: Sagaworker) -> None:
+        self.sw = sw
+
+    @property
+    def signer(self) -> Signer:
+        return Signer(self.sw.settings.approval_secret, self.sw.settings.approval_ttl)
+
+    def pending(self) -> list[ApprovalRequest]:
+        signer = self.signer
+        with self.sw.journal.engine.connect() as conn:
+            rows = conn.execute(select(entries).where(
+                entries.c.phase == Phase.AWAITING_APPROVAL.value)
+                .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
+            ).all()
+        return [ApprovalRequest(
+            saga_id=r.saga_id, seq=r.seq, tool_name=r.tool_name, args=list(r.args),
+            kwargs=dict(r.kwargs), requested_at=aware(r.approval_requested_at),  # type: ignore[arg-type]
+            token=signer.sign(r.saga_id, r.seq, r.tool_name,
+                              args_digest(r.args, r.kwargs), r.approval_nonce or ""))
+            for r in rows]
+
+    def decide(self, token: str, *, approver: str, approve: bool,
+               reason: str | None = None) -> tuple[str, int]:
+        body = self.signer.verify(token)
+        saga_id, seq = body["s"], body["q"]
+        j = self.sw.journal
+        t = now()
+        with j.engine.begin() as conn:
+            saga = j.lock_saga(conn, saga_id)
+            row = conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                     entries.c.seq == seq)).first()
+            if saga is None or row is None:
+                raise ApprovalInvalid(f"approval token names saga {saga_id!r} step {seq}, "
+                                      "which is not in the journal; nothing changed")
+            if row.phase != Phase.AWAITING_APPROVAL.value or not row.approval_nonce:
+                raise ApprovalInvalid(
+                    f"saga {saga_id!r} step {seq} is {row.phase}: already decided or "
+                    "cancelled; this token was used or is stale, nothing changed")
+            if not (hmac.compare_digest(body["n"], row.approval_nonce)
+                    and body["t"] == row.tool_name
+                    and hmac.compare_digest(body["d"], args_digest(row.args, row.kwargs))):
+                raise ApprovalInvalid(
+                    f"approval token does not match saga {saga_id!r} step {seq} (tool or "
+                    "arguments differ); nothing changed. Review the step and use the token "
+                    "sw.pending_approvals() gives for it")
+            if approve:
+                j.set_entry(conn, saga_id, seq, phase=Phase.INTENT.value, approved_by=approver,
+                            approved_at=t, approved_digest=body["d"], approval_nonce=None)
+                others = conn.execute(select(entries.c.seq).where(
+                    entries.c.saga_id == saga_id,
+                    entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
+                if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
+                    j.touch(conn, saga_id, status=SagaStatus.RUNNING.value)
+            else:
+                why = reason or "rejected"
+                j.set_entry(conn, saga_id, seq, phase=Phase.REJECTED.value, rejected_by=approver,
+                            rejected_at=t, rejection_reason=why, approval_nonce=None,
+                            error=f"rejected by {approver}: {why}")
+                if saga.fail_requested_at is None:
+                    j.touch(conn, saga_id, fail_requested_at=t,
+                            reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
+            j.audit(conn, saga_id, seq, "approve" if approve else "reject", approver, reason)
+        fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
+        if approve:
+            log.info("approval_granted", **fields)
+            self.sw.producer.publish(saga_id, seq, row.tool_name, list(row.args),
+                                     dict(row.kwargs), row.task_id, row.queue)
+        else:
+            log.warning("approval_rejected", reason=reason, **fields)
+            self.sw.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
+                                          f"{approver}: {reason or 'rejected'}")
+        return saga_id, seq

@@ -1,0 +1,116 @@
+"""The failure handler and the compensation runner: undo in strict reverse order.
+
+The chain's position is the journal: each undo is claimed (a lease) and its outcome
+journaled once, so a redelivered message, a second chain or a restarted worker picks
+up exactly where the journal says, never skipping and never repeating an outcome.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ._journal import idempotency_key
+from ._logging import get_logger
+from ._transitions import UndoClaim, UndoState
+from ._types import CompensationContext, OutcomeResult, SagaStatus
+
+if TYPE_CHECKING:
+    from ._core import Sagaworker
+
+__all__ = ["Compensator"]
+
+log = get_logger()
+
+
+class Compensator:
+    def __init__(self, sw: Sagaworker) -> None:
+        self.sw = sw
+
+    def handle_failure(self, saga_id: str, reason: str | None) -> None:
+        """Handle one saga-failure message: only the compare-and-set winner starts a chain."""
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id):
+            won, executed, why = self.sw.transitions.begin_compensation(saga_id, reason)
+            if not won:
+                log.debug("saga_failure_duplicate")
+                return
+            log.warning("saga_failed", reason=why)
+            log.info("compensation_started", entries=executed)
+            self.run_chain(saga_id)
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.sw.settings.compensation_backoff * 2 ** (attempt - 1), 60.0))
+
+    def run_chain(self, saga_id: str) -> None:
+        """Run undos until the chain finishes, waits, or schedules a retry."""
+        sw = self.sw
+        retries = sw.settings.compensation_retries
+        while True:
+            st = sw.transitions.claim_undo(saga_id, sw.settings.lease_seconds)
+            if st.state is UndoClaim.FINISHED:
+                self._finished(saga_id, st)
+                return
+            if st.state is not UndoClaim.CLAIMED:
+                return
+            row = st.row
+            with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=row.seq,
+                                                         tool=row.tool_name):
+                if not self._undo_one(saga_id, st, retries):
+                    return
+
+    def _undo_one(self, saga_id: str, st: UndoState, retries: int) -> bool:
+        """One try of one undo; False when the chain must pause for a retry."""
+        sw, row = self.sw, st.row
+        spec = sw.registry.tool(row.tool_name)
+        if spec is None:
+            return self._outcome(saga_id, row, OutcomeResult.COMPENSATION_FAILED,
+                                 f"tool {row.tool_name!r} is not registered in this worker; "
+                                 "its undo could not run", st.attempt)
+        if spec.gated:
+            return self._outcome(saga_id, row, OutcomeResult.SKIPPED, "irreversible", 0)
+        undo = sw.registry.undo_for(spec)
+        if undo is None:
+            return self._outcome(saga_id, row, OutcomeResult.SKIPPED, "no undo declared", 0)
+        ctx = CompensationContext(
+            saga_id=saga_id, seq=row.seq, tool_name=row.tool_name, args=list(row.args or []),
+            kwargs=dict(row.kwargs or {}), result=row.result, reason=st.reason,
+            attempt=st.attempt, idempotency_key=idempotency_key(saga_id, row.seq, "compensate"))
+        try:
+            if undo.takes_context:
+                undo.fn(ctx)
+            else:
+                undo.fn()
+        except Exception as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            if st.attempt < 1 + retries:
+                sw.transitions.release_undo(saga_id, row.seq, detail)
+                delay = self.backoff(st.attempt)
+                log.warning("compensation_retry", attempts=st.attempt, detail=detail,
+                            retry_in_s=delay)
+                sw.send_compensate(saga_id, countdown=delay)
+                return False
+            return self._outcome(saga_id, row, OutcomeResult.COMPENSATION_FAILED, detail,
+                                 st.attempt)
+        return self._outcome(saga_id, row, OutcomeResult.COMPENSATED, None, st.attempt)
+
+    def _outcome(self, saga_id: str, row: Any, result: OutcomeResult, detail: str | None,
+                 attempts: int) -> bool:
+        if not self.sw.transitions.record_undo(saga_id, row.seq, result, detail,
+                                               attempts=attempts):
+            return True  # journaled by another chain already: never produced twice
+        if result is OutcomeResult.COMPENSATED:
+            log.info("compensated", attempts=attempts)
+        elif result is OutcomeResult.SKIPPED:
+            log.warning("compensation_skipped", detail=detail)
+        else:
+            log.error("compensation_failed", dirty_state=True, detail=detail, attempts=attempts)
+        return True
+
+    def _finished(self, saga_id: str, st: UndoState) -> None:
+        for p in st.in_doubt:
+            log.error("step_in_doubt", seq=p.seq, tool=p.tool_name, attempts=p.attempts)
+        if st.status is SagaStatus.COMPENSATION_FAILED:
+            log.critical("saga_compensation_failed", dirty_tools=list(st.dirty_tools))
+        else:
+            log.info("saga_compensated")

@@ -1,0 +1,201 @@
+"""``Sagaworker``: the one object an application creates. It wires the parts together."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from celery import Celery
+
+from ._approvals import Gate
+from ._celery import CeleryWiring
+from ._compensation import Compensator
+from ._dialect import make_engine
+from ._errors import ConfigurationError, SagaNotFound
+from ._execution import Executor, ToolTask
+from ._journal import Journal
+from ._logging import ensure_structlog, get_logger
+from ._producer import Producer
+from ._registry import Registry, ToolSpec
+from ._saga import Saga, SyncSaga, run_sync
+from ._settings import Settings
+from ._sweeper import Sweeper
+from ._transitions import Transitions
+from ._types import (
+    ApprovalRequest,
+    EntryRecord,
+    Reversibility,
+    SagaRecord,
+    SagaResult,
+    SagaStatus,
+)
+
+__all__ = ["Sagaworker"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+log = get_logger()
+
+
+class Sagaworker:
+    """Journaled, compensable tool tasks on a Celery app."""
+
+    def __init__(self, app: Celery, *, database_url: str | None = None,
+                 settings: Settings | None = None) -> None:
+        self.app = app
+        base = settings or Settings()
+        if database_url is not None:
+            base = base.model_copy(update={"database_url": database_url})
+        self.settings = base
+        self.registry = Registry()
+        self._engine: Any = None
+        self._lock = threading.Lock()
+        self.executor = Executor(self)
+        self.compensator = Compensator(self)
+        self.producer = Producer(self)
+        self.gate = Gate(self)
+        self.sweeper = Sweeper(self)
+        self.wiring = CeleryWiring(self)
+        ensure_structlog()
+
+    # -- wiring -----------------------------------------------------------------
+
+    @property
+    def journal(self) -> Journal:
+        if self._engine is None:
+            with self._lock:
+                if self._engine is None:
+                    self._engine = make_engine(self.settings.database_url)
+                    self._journal = Journal(self._engine)
+                    self._transitions = Transitions(self._journal)
+                    if self._engine.dialect.name == "sqlite":
+                        # the embedded default sets itself up; real databases migrate
+                        # with `sagaworker db upgrade`
+                        self._journal.create_all()
+        return self._journal
+
+    @property
+    def transitions(self) -> Transitions:
+        self.journal  # noqa: B018 - makes the engine
+        return self._transitions
+
+    def dispose_engine(self) -> None:
+        """After a fork: never share the parent's pooled connections."""
+        if self._engine is not None:
+            self._engine.dispose(close=False)
+
+    def create_schema(self) -> None:
+        """Create the journal tables (what `sagaworker db upgrade` does, via Alembic)."""
+        from ._migrate import upgrade
+
+        upgrade(self.settings.database_url)
+
+    # -- declaring ----------------------------------------------------------------
+
+    def tool(self, *, compensable_by: str | None = None,
+             reversibility: Reversibility | str | None = None, name: str | None = None,
+             idempotent: bool = False, **celery_task_options: Any) -> Callable[[F], F]:
+        """Turn a function into a journaled Celery task (options keep their Celery meaning)."""
+        rev = Reversibility(reversibility) if reversibility is not None else None
+
+        def decorate(fn: F) -> F:
+            task_name = name or f"{fn.__module__}.{fn.__name__}"
+            spec = ToolSpec(name=task_name, fn=fn, module=fn.__module__,
+                            compensable_by=compensable_by, reversibility=rev,
+                            idempotent=idempotent, queue=celery_task_options.get("queue"),
+                            signature=inspect.signature(fn))
+            executor = self.executor
+
+            def run(task: ToolTask, *args: Any, **kwargs: Any) -> Any:
+                return executor.run(task, args, kwargs)
+
+            run.__name__, run.__qualname__, run.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+            run.__module__ = fn.__module__
+            task = self.app.task(bind=True, base=ToolTask, name=task_name, sagaworker=self,
+                                 sagaworker_spec=spec, **celery_task_options)(run)
+            spec.task = task
+            self.registry.add_tool(spec)
+            if spec.queue:
+                self.wiring.add_queue(spec.queue)
+            return task  # type: ignore[no-any-return]
+
+        return decorate
+
+    def compensation(self, fn: F) -> F:
+        """Mark ``fn`` as the undo a tool names with ``compensable_by`` (same module)."""
+        self.registry.add_undo(fn)
+        return fn
+
+    def validate(self) -> None:
+        """Raise ConfigurationError naming the first tool whose undo cannot work."""
+        self.registry.validate()
+
+    def ensure_valid(self) -> None:
+        if not self.registry.validated:
+            self.registry.validate()
+
+    # -- running ---------------------------------------------------------------------
+
+    def begin(self, saga_id: str, *, metadata: dict[str, Any] | None = None) -> Saga:
+        """Journal a new RUNNING saga; SagaExists if the id is taken."""
+        self.ensure_valid()
+        if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
+            raise ConfigurationError("a saga id is a non-empty string of at most 200 characters")
+        from ._canonical import check_json
+
+        check_json(metadata or {}, "saga metadata")
+        self.journal.create_saga(saga_id, dict(metadata or {}))
+        return Saga(self, saga_id)
+
+    def get(self, saga_id: str) -> Saga:
+        """The handle on an existing saga (in another process, say); SagaNotFound if none."""
+        if self.journal.saga_row(saga_id) is None:
+            raise SagaNotFound(f"no saga {saga_id!r} in the journal")
+        return Saga(self, saga_id)
+
+    def saga(self, saga_id: str, work: Callable[[SyncSaga], Any], *,
+             metadata: dict[str, Any] | None = None, timeout: float = 300) -> SagaResult:
+        """Run ``work`` as a saga; returns once it completed or finished compensating."""
+        return run_sync(self, saga_id, work, metadata, timeout)
+
+    def inspect(self, saga_id: str) -> SagaRecord:
+        return self.journal.inspect(saga_id)
+
+    def sagas(self, status: SagaStatus | str | None = None, limit: int = 100) -> list[SagaRecord]:
+        return self.journal.list_sagas(status, limit)
+
+    def orphans(self, older_than: float | None = None) -> list[EntryRecord]:
+        """INTENT entries with no outcome older than ``older_than`` seconds."""
+        return self.sweeper.orphans(self.settings.orphan_after if older_than is None
+                                    else older_than)
+
+    # -- approvals --------------------------------------------------------------------
+
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        return self.gate.pending()
+
+    def approve(self, token: str, *, approver: str) -> None:
+        self.gate.decide(token, approver=approver, approve=True)
+
+    def reject(self, token: str, *, approver: str, reason: str) -> None:
+        self.gate.decide(token, approver=approver, approve=False, reason=reason)
+
+    # -- compensation ----------------------------------------------------------------
+
+    def retry_compensation(self, saga_id: str, *, actor: str | None = None) -> list[int]:
+        """Operator re-drive: re-run only the COMPENSATION_FAILED undos (same keys)."""
+        if self.journal.saga_row(saga_id) is None:
+            raise SagaNotFound(f"no saga {saga_id!r} in the journal")
+        seqs = self.transitions.reopen_dirty(saga_id, actor)
+        if seqs:
+            self.send_compensate(saga_id)
+        return seqs
+
+    # -- messages ---------------------------------------------------------------------
+
+    def send_failure(self, saga_id: str, reason: str) -> None:
+        self.wiring.send("saga_failed", saga_id, reason)
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
+        self.wiring.send("compensate", saga_id, countdown=countdown)

@@ -1,0 +1,57 @@
+"""Every SQLite-vs-PostgreSQL difference lives here, not as branches around the code."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+__all__ = ["aware", "make_engine", "normalize_url"]
+
+
+def normalize_url(url: str) -> str:
+    """Point bare ``postgresql://`` URLs at psycopg 3 (the only driver we depend on)."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u.render_as_string(hide_password=False)
+
+
+def make_engine(url: str) -> Engine:
+    """One engine per process, tuned for its dialect."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        _sqlite_immediate_transactions(engine)
+        return engine
+    # pool_pre_ping: a PostgreSQL restart must cost a reconnect, not a failed step.
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
+                         pool_recycle=1800)
+
+
+def _sqlite_immediate_transactions(engine: Engine) -> None:
+    # pysqlite opens transactions lazily and as DEFERRED, so two processes that both
+    # read then write deadlock into "database is locked". BEGIN IMMEDIATE takes the
+    # write lock up front (the SQLite analogue of our SELECT ... FOR UPDATE), and WAL
+    # lets readers go on meanwhile. See the SQLAlchemy pysqlite "serializable" recipe.
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every time we store is UTC."""
+    if dt is None or dt.tzinfo is not None:
+        return dt
+    return dt.replace(tzinfo=UTC)

@@ -1,0 +1,55 @@
+"""One error hierarchy: every error sagaworker raises is a :class:`SagaworkerError`.
+
+Messages say what to do next, not only what went wrong.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApprovalInvalid",
+    "ApprovalRejected",
+    "BadInput",
+    "ConfigurationError",
+    "SagaExists",
+    "SagaNotFound",
+    "SagaworkerError",
+    "ToolFailed",
+]
+
+
+class SagaworkerError(Exception):
+    """Base of every sagaworker error."""
+
+
+class ConfigurationError(SagaworkerError):
+    """A tool, an undo or a setting is declared in a way that cannot work."""
+
+
+class ToolFailed(SagaworkerError):
+    """A tool step ended FAILED (Celery gave up on it); its saga compensates."""
+
+    def __init__(self, message: str, *, saga_id: str = "", seq: int = 0, tool: str = "") -> None:
+        super().__init__(message)
+        self.saga_id = saga_id
+        self.seq = seq
+        self.tool = tool
+
+
+class ApprovalRejected(ToolFailed):
+    """An approver rejected the gated step; its saga compensates."""
+
+
+class SagaExists(SagaworkerError):
+    """A saga with this id was already begun; pick a new id or use ``sw.get(id)``."""
+
+
+class SagaNotFound(SagaworkerError):
+    """No saga with this id is in the journal."""
+
+
+class ApprovalInvalid(SagaworkerError):
+    """An approval token is forged, expired, reused or for another step; nothing changed."""
+
+
+class BadInput(SagaworkerError):
+    """A message or a call carries input that can never succeed (not retried)."""

@@ -1,0 +1,294 @@
+"""The journal: every read and write of saga state, each one short transaction.
+
+Invariant kept throughout: every transition that another process may race is a
+compare-and-set inside a transaction that first locks the saga row (``FOR UPDATE`` on
+PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite), so step starts, EXECUTED commits, the
+RUNNING -> COMPENSATING switch and the final status are serialized per saga.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ._dialect import aware
+from ._errors import SagaExists, SagaNotFound, SagaworkerError
+from ._schema import audit, entries, metadata, sagas
+from ._types import (
+    OPEN,
+    CompensationReport,
+    EntryRecord,
+    Outcome,
+    OutcomeResult,
+    Phase,
+    SagaRecord,
+    SagaStatus,
+)
+
+__all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
+
+_NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
+    """Stable for one entry and purpose ("execute" or "compensate"), forever."""
+    return str(uuid.uuid5(_NS, f"{saga_id}\x00{seq}\x00{purpose}"))
+
+
+def digest(canonical_json: str) -> str:
+    return hashlib.sha256(canonical_json.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    tool_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    args_digest: str
+    queue: str | None
+    task_id: str
+    gated: bool
+    approval_nonce: str | None = None
+
+
+class Journal:
+    """Repository over the sagaworker tables."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create_all(self) -> None:
+        metadata.create_all(self.engine)
+
+    # -- helpers -----------------------------------------------------------------
+
+    @staticmethod
+    def lock_saga(conn: Connection, saga_id: str) -> Any:
+        row = conn.execute(
+            select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
+        ).first()
+        return row
+
+    @staticmethod
+    def touch(conn: Connection, saga_id: str, **values: Any) -> None:
+        conn.execute(
+            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(), **values)
+        )
+
+    @staticmethod
+    def set_entry(conn: Connection, saga_id: str, seq: int, *where: Any, **values: Any) -> int:
+        stmt = (
+            update(entries)
+            .where(entries.c.saga_id == saga_id, entries.c.seq == seq, *where)
+            .values(updated_at=now(), **values)
+        )
+        return conn.execute(stmt).rowcount
+
+    def audit(self, conn: Connection, saga_id: str, seq: int | None, action: str,
+              actor: str | None, detail: str | None = None) -> None:
+        conn.execute(insert(audit).values(saga_id=saga_id, seq=seq, action=action,
+                                          actor=actor, detail=detail, at=now()))
+
+    # -- producer ----------------------------------------------------------------
+
+    def create_saga(self, saga_id: str, meta: dict[str, Any]) -> None:
+        t = now()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(sagas).values(
+                    saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
+                    created_at=t, updated_at=t, last_seq=0, exec_counter=0))
+        except IntegrityError as exc:
+            raise SagaExists(
+                f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
+                "to carry on the existing one"
+            ) from exc
+
+    def add_entries(self, saga_id: str, new: Sequence[NewEntry]) -> list[int]:
+        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs."""
+        t = now()
+        gated = any(e.gated for e in new)
+        with self.engine.begin() as conn:
+            values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
+            if gated:
+                values["status"] = SagaStatus.AWAITING_APPROVAL.value
+            row = conn.execute(
+                update(sagas)
+                .where(sagas.c.saga_id == saga_id,
+                       sagas.c.status.in_([s.value for s in OPEN]),
+                       sagas.c.fail_requested_at.is_(None))
+                .values(**values)
+                .returning(sagas.c.last_seq)
+            ).first()
+            if row is None:
+                self._refuse_enqueue(conn, saga_id)
+            first = int(row[0]) - len(new) + 1
+            conn.execute(insert(entries), [
+                {
+                    "saga_id": saga_id, "seq": first + i, "tool_name": e.tool_name,
+                    "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
+                    "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
+                    "queue": e.queue, "task_id": e.task_id, "attempts": 0,
+                    "created_at": t, "updated_at": t, "in_doubt": False,
+                    "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
+                    "approval_requested_at": t if e.gated else None,
+                }
+                for i, e in enumerate(new)
+            ])
+        return [first + i for i in range(len(new))]
+
+    def _refuse_enqueue(self, conn: Connection, saga_id: str) -> Any:
+        row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
+                           .where(sagas.c.saga_id == saga_id)).first()
+        if row is None:
+            raise SagaNotFound(f"no saga {saga_id!r}; begin it with sw.begin({saga_id!r}) first")
+        if row.fail_requested_at is not None and row.status in {s.value for s in OPEN}:
+            raise SagaworkerError(
+                f"saga {saga_id!r} is failing (compensation requested); it takes no new steps")
+        raise SagaworkerError(
+            f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
+            "takes new steps: begin a new saga")
+
+    def mark_published(self, saga_id: str, seqs: Iterable[int]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(entries).where(entries.c.saga_id == saga_id,
+                                               entries.c.seq.in_(list(seqs)))
+                         .values(published_at=now()))
+
+    def complete(self, saga_id: str) -> None:
+        with self.engine.begin() as conn:
+            saga = self.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            if saga.status == SagaStatus.COMPLETED.value:
+                return
+            if saga.status != SagaStatus.RUNNING.value or saga.fail_requested_at is not None:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is {saga.status}"
+                    f"{' and failing' if saga.fail_requested_at else ''}; "
+                    "only a RUNNING saga with every step EXECUTED can complete")
+            bad = conn.execute(select(entries.c.seq, entries.c.tool_name, entries.c.phase)
+                               .where(entries.c.saga_id == saga_id,
+                                      entries.c.phase != Phase.EXECUTED.value)).all()
+            if bad:
+                listed = ", ".join(f"#{b.seq} {b.tool_name} {b.phase}" for b in bad)
+                raise SagaworkerError(
+                    f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
+                    "wait for them (step.result()) or call saga.fail(reason)")
+            self.touch(conn, saga_id, status=SagaStatus.COMPLETED.value, finished_at=now())
+
+    def request_failure(self, saga_id: str, reason: str) -> SagaStatus:
+        """Journal that the saga must fail, so a lost failure message is found again."""
+        with self.engine.begin() as conn:
+            saga = self.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            status = SagaStatus(saga.status)
+            if status in OPEN and saga.fail_requested_at is None:
+                self.touch(conn, saga_id, fail_requested_at=now(), reason=reason)
+            return status
+
+    # -- reads -------------------------------------------------------------------
+
+    def saga_row(self, saga_id: str) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+
+    def entry_row(self, saga_id: str, seq: int) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                      entries.c.seq == seq)).first()
+
+    def inspect(self, saga_id: str) -> SagaRecord:
+        with self.engine.connect() as conn:
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
+                                   "(sw.sagas() lists recent ones)")
+            rows = conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                .order_by(entries.c.seq)).all()
+        return to_saga_record(saga, rows)
+
+    def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
+        with self.engine.connect() as conn:
+            q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
+            if status is not None:
+                q = q.where(sagas.c.status == SagaStatus(status).value)
+            rows = conn.execute(q.limit(limit)).all()
+            ids = [r.saga_id for r in rows]
+            ents = conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
+                                .order_by(entries.c.saga_id, entries.c.seq)).all() if ids else []
+        by: dict[str, list[Any]] = {}
+        for e in ents:
+            by.setdefault(e.saga_id, []).append(e)
+        return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
+
+    def orphans(self, older_than: float) -> list[Any]:
+        cutoff = now() - timedelta(seconds=older_than)
+        with self.engine.connect() as conn:
+            return list(conn.execute(
+                select(entries).where(entries.c.phase == Phase.INTENT.value,
+                                      entries.c.created_at < cutoff)
+                .order_by(entries.c.created_at)).all())
+
+    def stale(self, query: Any) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).all())
+
+
+def _entry(row: Any) -> EntryRecord:
+    return EntryRecord(
+        seq=row.seq, tool_name=row.tool_name, phase=Phase(row.phase),
+        args=list(row.args or []), kwargs=dict(row.kwargs or {}), result=row.result,
+        error=row.error, task_id=row.task_id, attempts=row.attempts,
+        executed_at=aware(row.executed_at),
+        compensation=OutcomeResult(row.compensation) if row.compensation else None,
+        compensation_detail=row.compensation_detail,
+        compensation_attempts=row.compensation_attempts, in_doubt=bool(row.in_doubt),
+        queue=row.queue, idempotency_key=idempotency_key(row.saga_id, row.seq, "compensate"),
+        approved_by=row.approved_by, approved_at=aware(row.approved_at),
+        rejected_by=row.rejected_by, rejected_at=aware(row.rejected_at),
+        rejection_reason=row.rejection_reason, compensated_at=aware(row.compensated_at),
+        exec_order=row.exec_order,
+    )
+
+
+def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
+    recs = [_entry(r) for r in rows]
+    return SagaRecord(
+        saga_id=saga.saga_id, status=SagaStatus(saga.status), reason=saga.reason,
+        metadata=dict(saga.metadata or {}), created_at=aware(saga.created_at),  # type: ignore[arg-type]
+        updated_at=aware(saga.updated_at), entries=recs,  # type: ignore[arg-type]
+        report=report_of(rows, recs),
+    )
+
+
+def report_of(rows: Sequence[Any], recs: Sequence[EntryRecord]) -> CompensationReport:
+    done = sorted(((r.comp_order or 0, rec) for r, rec in zip(rows, recs, strict=True)
+                   if rec.compensation is not None), key=lambda p: p[0])
+    return CompensationReport(
+        outcomes=[Outcome(seq=rec.seq, tool_name=rec.tool_name, result=rec.compensation,
+                          detail=rec.compensation_detail, attempts=rec.compensation_attempts)
+                  for _, rec in done if rec.compensation is not None],
+        in_doubt=[rec for rec in recs if rec.in_doubt],
+    )
+
+
+def unfinished(conn: Connection, saga_id: str) -> Any:
+    return conn.execute(select(func.count()).select_from(entries).where(
+        entries.c.saga_id == saga_id,
+        entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))).scalar()
+
+
+_ = (and_, or_)

@@ -1,0 +1,159 @@
+"""The producer side: saga handles, steps, and the synchronous form."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ApprovalRejected, SagaworkerError, ToolFailed
+from ._types import TERMINAL, Phase, SagaResult, SagaStatus
+
+if TYPE_CHECKING:
+    from ._core import Sagaworker
+
+__all__ = ["Saga", "Step", "SyncSaga", "poll"]
+
+
+def poll(check: Callable[[], Any], timeout: float | None, what: str) -> Any:
+    """Call ``check`` until it returns something not None, backing off to 200 ms."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        got = check()
+        if got is not None:
+            return got
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was changed")
+        time.sleep(delay if deadline is None else max(0.0, min(delay,
+                                                                 deadline - time.monotonic())))
+        delay = min(delay * 1.5, 0.2)
+
+
+class Step:
+    """A journaled tool step; ``result()`` waits for its outcome in the journal."""
+
+    def __init__(self, sw: Sagaworker, saga_id: str, seq: int, task_id: str, tool: str) -> None:
+        self.sw, self.saga_id, self.seq, self.task_id, self.tool_name = (
+            sw, saga_id, seq, task_id, tool)
+
+    def __repr__(self) -> str:
+        return f"<Step {self.saga_id}#{self.seq} {self.tool_name}>"
+
+    @property
+    def phase(self) -> Phase:
+        row = self.sw.journal.entry_row(self.saga_id, self.seq)
+        return Phase(row.phase)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The journaled result; ToolFailed if it FAILED, ApprovalRejected if rejected."""
+        def check() -> Any:
+            row = self.sw.journal.entry_row(self.saga_id, self.seq)
+            return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
+
+        row = poll(check, timeout, f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}")
+        phase = Phase(row.phase)
+        if phase is Phase.EXECUTED:
+            return row.result
+        where = {"saga_id": self.saga_id, "seq": self.seq, "tool": self.tool_name}
+        if phase is Phase.REJECTED:
+            raise ApprovalRejected(
+                f"step {self.seq} ({self.tool_name}) was rejected by {row.rejected_by}: "
+                f"{row.rejection_reason}", **where)
+        if phase is Phase.CANCELLED:
+            raise ToolFailed(f"step {self.seq} ({self.tool_name}) was cancelled: its saga "
+                             "is compensating", **where)
+        raise ToolFailed(f"step {self.seq} ({self.tool_name}) failed: {row.error}", **where)
+
+
+class Saga:
+    """A handle on one saga; ``sw.get(id)`` gives the same handle in another process."""
+
+    def __init__(self, sw: Sagaworker, saga_id: str) -> None:
+        self.sw, self.saga_id = sw, saga_id
+
+    def __repr__(self) -> str:
+        return f"<Saga {self.saga_id}>"
+
+    @property
+    def status(self) -> SagaStatus:
+        return self.sw.inspect(self.saga_id).status
+
+    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
+        """Journal INTENT, commit, then publish the tool task."""
+        return self.sw.producer.enqueue(self.saga_id, [(tool, args, kwargs)])[0]
+
+    def enqueue_many(self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]) -> list[Step]:
+        """Journal many independent steps in one transaction, then publish them all."""
+        return self.sw.producer.enqueue(self.saga_id,
+                                        [(t, tuple(a), dict(k)) for t, a, k in calls])
+
+    def complete(self) -> None:
+        """RUNNING -> COMPLETED; refused while a step is unfinished, FAILED or gated."""
+        self.sw.journal.complete(self.saga_id)
+
+    def fail(self, reason: str) -> None:
+        """Publish the saga-failure message (journaled first, so it is never lost)."""
+        self.sw.producer.fail(self.saga_id, reason)
+
+    def wait(self, timeout: float | None = None) -> SagaResult:
+        """The SagaResult once the saga is terminal; TimeoutError otherwise."""
+        def check() -> Any:
+            row = self.sw.journal.saga_row(self.saga_id)
+            return row if row is not None and SagaStatus(row.status) in TERMINAL else None
+
+        poll(check, timeout, f"saga {self.saga_id!r}")
+        rec = self.sw.inspect(self.saga_id)
+        return SagaResult(saga_id=self.saga_id, status=rec.status,
+                          error=None if rec.status is SagaStatus.COMPLETED else rec.reason,
+                          report=rec.report)
+
+
+class SyncSaga:
+    """What the work function of ``sw.saga`` is handed: ``s.call`` = enqueue + result."""
+
+    def __init__(self, saga: Saga, timeout: float) -> None:
+        self.saga, self.timeout = saga, timeout
+
+    @property
+    def saga_id(self) -> str:
+        return self.saga.saga_id
+
+    def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return self.saga.enqueue(tool, *args, **kwargs).result(timeout=self.timeout)
+
+    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
+        return self.saga.enqueue(tool, *args, **kwargs)
+
+
+def run_sync(sw: Sagaworker, saga_id: str, work: Callable[[SyncSaga], Any],
+             metadata: dict[str, Any] | None, timeout: float) -> SagaResult:
+    saga = sw.begin(saga_id, metadata=metadata)
+    try:
+        value = work(SyncSaga(saga, timeout))
+    except Exception as exc:
+        saga.fail(f"{type(exc).__name__}: {exc}")
+        return saga.wait(timeout)
+    try:
+        _settle(sw, saga_id, timeout)
+        saga.complete()
+    except SagaworkerError as exc:
+        # A step FAILED (even if the work caught ToolFailed): its own failure message is
+        # on its way; fail() again is a no-op then, and covers any other refusal.
+        saga.fail(str(exc))
+        return saga.wait(timeout)
+    rec = sw.inspect(saga_id)
+    return SagaResult(saga_id=saga_id, status=SagaStatus.COMPLETED, value=value,
+                      report=rec.report)
+
+
+def _settle(sw: Sagaworker, saga_id: str, timeout: float) -> None:
+    """Wait for steps the work enqueued without awaiting, so complete() can decide."""
+    def check() -> Any:
+        rec = sw.inspect(saga_id)
+        if any(e.phase is Phase.FAILED for e in rec.entries):
+            return True
+        busy = any(e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL) for e in rec.entries)
+        return None if busy else True
+
+    poll(check, timeout, f"the steps of saga {saga_id!r}")

@@ -1,0 +1,114 @@
+"""The journal's tables. Queries live in ``_journal``; dialect quirks in ``_dialect``."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+__all__ = ["audit", "entries", "metadata", "sagas"]
+
+metadata = MetaData()
+
+_json = JSON().with_variant(JSONB(), "postgresql")
+_ts = DateTime(timezone=True)
+
+sagas = Table(
+    "sagaworker_sagas",
+    metadata,
+    Column("saga_id", String(200), primary_key=True),
+    Column("status", String(32), nullable=False),
+    Column("reason", Text),
+    Column("metadata", _json, nullable=False),
+    Column("created_at", _ts, nullable=False),
+    Column("updated_at", _ts, nullable=False),
+    # next seq to hand out; bumped in the enqueue transaction
+    Column("last_seq", Integer, nullable=False, default=0),
+    # order of EXECUTED commits: bumped under the saga row lock with each EXECUTED
+    Column("exec_counter", Integer, nullable=False, default=0),
+    # a failure was asked for (saga.fail or a FAILED step) but maybe not yet handled
+    Column("fail_requested_at", _ts),
+    Column("compensation_started_at", _ts),
+    Column("finished_at", _ts),
+    # last time the compensation chain moved (sweeper resumes a stalled chain)
+    Column("chain_touched_at", _ts),
+    Index("ix_sagaworker_sagas_status_updated", "status", "updated_at"),
+    Index("ix_sagaworker_sagas_created", "created_at"),
+)
+
+entries = Table(
+    "sagaworker_entries",
+    metadata,
+    Column(
+        "saga_id",
+        String(200),
+        ForeignKey("sagaworker_sagas.saga_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True),
+    Column("tool_name", String(300), nullable=False),
+    Column("phase", String(32), nullable=False),
+    Column("args", _json, nullable=False),
+    Column("kwargs", _json, nullable=False),
+    Column("args_digest", String(64), nullable=False),
+    Column("queue", String(200)),
+    Column("task_id", String(64)),
+    Column("result", _json),
+    Column("error", Text),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", _ts, nullable=False),
+    Column("updated_at", _ts, nullable=False),
+    Column("published_at", _ts),
+    Column("started_at", _ts),
+    # a running attempt holds the entry until this time (two deliveries never run at once)
+    Column("lease_until", _ts),
+    Column("worker", String(300)),
+    Column("executed_at", _ts),
+    Column("exec_order", Integer),
+    Column("duration_ms", Float),
+    Column("in_doubt", Boolean, nullable=False, default=False),
+    # compensation
+    Column("compensation", String(32)),
+    Column("compensation_detail", Text),
+    Column("compensation_attempts", Integer, nullable=False, default=0),
+    Column("comp_lease_until", _ts),
+    Column("compensated_at", _ts),
+    # the order undos ran in (report order)
+    Column("comp_order", Integer),
+    # approval gate
+    Column("approval_nonce", String(64)),
+    Column("approval_requested_at", _ts),
+    Column("approved_by", String(200)),
+    Column("approved_at", _ts),
+    Column("approved_digest", String(64)),
+    Column("rejected_by", String(200)),
+    Column("rejected_at", _ts),
+    Column("rejection_reason", Text),
+    Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
+    Index("ix_sagaworker_entries_saga_exec", "saga_id", "exec_order"),
+)
+
+audit = Table(
+    "sagaworker_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("saga_id", String(200), nullable=False),
+    Column("seq", Integer),
+    Column("action", String(64), nullable=False),
+    Column("actor", String(200)),
+    Column("detail", Text),
+    Column("at", _ts, nullable=False),
+    Index("ix_sagaworker_audit_saga", "saga_id", "at"),
+)

@@ -1,0 +1,68 @@
+"""Settings from the environment (and a ``.env`` file), with defaults that need no server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "embedded_broker_url", "embedded_database_url"]
+
+
+def embedded_database_url() -> str:
+    """A SQLite journal in the working directory."""
+    return f"sqlite:///{Path(os.getcwd()) / 'sagaworker.db'}"
+
+
+def embedded_broker_url() -> str:
+    """kombu's filesystem transport: works across processes, needs no server."""
+    return "filesystem://"
+
+
+class Settings(BaseSettings):
+    """Every ``SAGAWORKER_*`` variable. Unknown variables are ignored."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGAWORKER_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    database_url: str = Field(default_factory=embedded_database_url)
+    broker_url: str = Field(default_factory=embedded_broker_url)
+    approval_secret: str | None = None
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+    compensation_retries: int = Field(default=3, ge=0)
+    #: first backoff between undo tries, doubled each try, capped at 60 s
+    compensation_backoff: float = Field(default=1.0, ge=0)
+    orphan_after: float = Field(default=300, gt=0)
+    approval_ttl: float = Field(default=86400, gt=0)
+    redeliver_after: float = Field(default=60, gt=0)
+    app: str = "tasks"
+    redact: str = ""
+    #: the queue of sagaworker's own work (failure handling, compensation, sweeps)
+    queue: str = "sagaworker"
+    #: largest JSON-encoded arguments a step may carry, in bytes
+    max_args_bytes: int = Field(default=256 * 1024, gt=0)
+    #: how long an INTENT may stay unstarted before the relay publishes it again
+    relay_after: float = Field(default=30, gt=0)
+    #: how often every worker runs the sweeper on its own timer (0 disables it)
+    sweep_interval: float = Field(default=15, ge=0)
+    #: filesystem broker folder (embedded default only)
+    broker_folder: str = ".sagaworker/broker"
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, v: str) -> str:
+        return v.upper()
+
+    @property
+    def redact_keys(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.redact.split(",") if k.strip())
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a started attempt or undo is presumed alive without a heartbeat."""
+        return self.redeliver_after
