@@ -50,6 +50,7 @@ class CeleryWiring:
             opts.setdefault("data_folder_out", os.path.join(folder, "out"))
             opts.setdefault("processed_folder", os.path.join(folder, "processed"))
             opts.setdefault("store_processed", False)
+            opts.setdefault("polling_interval", 0.05)
         # Redis redelivers an unacked task after the visibility timeout (SPEC 6); amqp
         # publisher confirms make a publish return only once the broker has the message.
         opts.setdefault("visibility_timeout", int(s.redeliver_after))
