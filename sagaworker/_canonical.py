@@ -8,7 +8,7 @@ from typing import Any
 
 from ._errors import BadInput
 
-__all__ = ["canonical_args", "args_digest", "check_json"]
+__all__ = ["args_digest", "canonical_args", "check_json"]
 
 
 def canonical_args(args: Any, kwargs: Any) -> str:

@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
-from kombu import Exchange, Queue
+from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from ._errors import ConfigurationError
 from ._logging import configure_logging, get_logger

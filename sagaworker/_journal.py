@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ._dialect import aware
@@ -133,6 +133,7 @@ class Journal:
             ).first()
             if row is None:
                 self._refuse_enqueue(conn, saga_id)
+            assert row is not None
             first = int(row[0]) - len(new) + 1
             conn.execute(insert(entries), [
                 {
@@ -148,7 +149,7 @@ class Journal:
             ])
         return [first + i for i in range(len(new))]
 
-    def _refuse_enqueue(self, conn: Connection, saga_id: str) -> Any:
+    def _refuse_enqueue(self, conn: Connection, saga_id: str) -> NoReturn:
         row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
                            .where(sagas.c.saga_id == saga_id)).first()
         if row is None:
@@ -290,5 +291,3 @@ def unfinished(conn: Connection, saga_id: str) -> Any:
         entries.c.saga_id == saga_id,
         entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))).scalar()
 
-
-_ = (and_, or_)

@@ -86,7 +86,8 @@ class Registry:
                 f"{where} is IRREVERSIBLE but declares compensable_by="
                 f"{tool.compensable_by!r}; an irreversible effect has no undo: drop "
                 "compensable_by, or declare it COMPENSATABLE")
-        if rev in (Reversibility.REVERSIBLE, Reversibility.COMPENSATABLE) and not tool.compensable_by:
+        reversible = rev in (Reversibility.REVERSIBLE, Reversibility.COMPENSATABLE)
+        if rev is not None and reversible and not tool.compensable_by:
             raise ConfigurationError(
                 f"{where} is {rev.value} but names no undo; add compensable_by='<function>' "
                 "naming an @sw.compensation function in the same module")

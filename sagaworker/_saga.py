@@ -55,15 +55,17 @@ class Step:
         phase = Phase(row.phase)
         if phase is Phase.EXECUTED:
             return row.result
-        where = {"saga_id": self.saga_id, "seq": self.seq, "tool": self.tool_name}
         if phase is Phase.REJECTED:
             raise ApprovalRejected(
                 f"step {self.seq} ({self.tool_name}) was rejected by {row.rejected_by}: "
-                f"{row.rejection_reason}", **where)
+                f"{row.rejection_reason}", saga_id=self.saga_id, seq=self.seq,
+                tool=self.tool_name)
         if phase is Phase.CANCELLED:
             raise ToolFailed(f"step {self.seq} ({self.tool_name}) was cancelled: its saga "
-                             "is compensating", **where)
-        raise ToolFailed(f"step {self.seq} ({self.tool_name}) failed: {row.error}", **where)
+                             "is compensating", saga_id=self.saga_id, seq=self.seq,
+                tool=self.tool_name)
+        raise ToolFailed(f"step {self.seq} ({self.tool_name}) failed: {row.error}",
+                         saga_id=self.saga_id, seq=self.seq, tool=self.tool_name)
 
 
 class Saga:
@@ -83,7 +85,9 @@ class Saga:
         """Journal INTENT, commit, then publish the tool task."""
         return self.sw.producer.enqueue(self.saga_id, [(tool, args, kwargs)])[0]
 
-    def enqueue_many(self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]) -> list[Step]:
+    def enqueue_many(
+        self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]
+    ) -> list[Step]:
         """Journal many independent steps in one transaction, then publish them all."""
         return self.sw.producer.enqueue(self.saga_id,
                                         [(t, tuple(a), dict(k)) for t, a, k in calls])

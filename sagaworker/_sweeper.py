@@ -7,7 +7,7 @@ always safe: every handler is a compare-and-set against the journal.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 from sqlalchemy import func, select, update
@@ -113,5 +113,3 @@ class Sweeper:
                                      dict(r.kwargs), r.task_id, r.queue)
         return len(rows)
 
-
-_ = Any

@@ -145,7 +145,7 @@ class Transitions:
             row = conn.execute(
                 update(sagas).where(sagas.c.saga_id == saga_id)
                 .values(exec_counter=sagas.c.exec_counter + 1, updated_at=t)
-                .returning(sagas.c.exec_counter, sagas.c.status)).first()
+                .returning(sagas.c.exec_counter, sagas.c.status)).one()
             self.j.set_entry(conn, saga_id, seq, entries.c.phase == Phase.INTENT.value,
                              phase=Phase.EXECUTED.value, result=result, executed_at=t,
                              exec_order=row.exec_counter, lease_until=None,

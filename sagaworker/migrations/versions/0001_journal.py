@@ -1,7 +1,7 @@
 """journal
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02 17:15:06.302020
 
 """

@@ -1,0 +1,107 @@
+"""Readable tables (rich) and JSON for the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ._types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
+
+__all__ = ["console", "render_saga", "render_sagas", "to_json"]
+
+console = Console(highlight=False)
+
+_STATUS = {SagaStatus.COMPLETED: "green", SagaStatus.COMPENSATED: "yellow",
+           SagaStatus.COMPENSATION_FAILED: "bold red", SagaStatus.COMPENSATING: "magenta",
+           SagaStatus.RUNNING: "cyan", SagaStatus.AWAITING_APPROVAL: "blue"}
+_PHASE = {Phase.EXECUTED: "green", Phase.FAILED: "red", Phase.REJECTED: "red",
+          Phase.CANCELLED: "dim", Phase.INTENT: "cyan", Phase.AWAITING_APPROVAL: "blue"}
+_OUTCOME = {OutcomeResult.COMPENSATED: "green", OutcomeResult.SKIPPED: "yellow",
+            OutcomeResult.COMPENSATION_FAILED: "bold red"}
+
+
+def _plain(o: Any) -> Any:
+    if isinstance(o, Enum):
+        return o.value
+    if isinstance(o, datetime):
+        return o.isoformat()
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        d = {f.name: _plain(getattr(o, f.name)) for f in dataclasses.fields(o)}
+        if hasattr(o, "dirty"):
+            d["dirty"] = [_plain(x) for x in o.dirty]
+        return d
+    if isinstance(o, list | tuple):
+        return [_plain(x) for x in o]
+    if isinstance(o, dict):
+        return {k: _plain(v) for k, v in o.items()}
+    return o
+
+
+def to_json(o: Any) -> str:
+    return json.dumps(_plain(o), indent=2, default=str)
+
+
+def _short(v: Any, n: int = 40) -> str:
+    s = json.dumps(v, default=str) if not isinstance(v, str) else v
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _tool(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def render_saga(rec: SagaRecord) -> None:
+    c = _STATUS.get(rec.status, "")
+    console.print(f"[bold]saga {rec.saga_id}[/]  [{c}]{rec.status.value}[/]"
+                  + (f"  reason: {rec.reason}" if rec.reason else ""))
+    t = Table(title="journal", title_justify="left")
+    for col in ("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
+                "undo tries"):
+        t.add_column(col)
+    for e in rec.entries:
+        t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), _short([e.args, e.kwargs]),
+                  _short(e.result) if e.phase is Phase.EXECUTED else _short(e.error or ""),
+                  str(e.attempts), _outcome(e), str(e.compensation_attempts or ""))
+    console.print(t)
+    if rec.report.outcomes or rec.report.in_doubt:
+        r = Table(title="compensation report (in the order the undos ran)",
+                  title_justify="left")
+        for col in ("seq", "tool", "outcome", "attempts", "detail"):
+            r.add_column(col)
+        for o in rec.report.outcomes:
+            oc = _OUTCOME[o.result]
+            r.add_row(str(o.seq), _tool(o.tool_name), f"[{oc}]{o.result.value}[/]",
+                      str(o.attempts), o.detail or "")
+        for e in rec.report.in_doubt:
+            r.add_row(str(e.seq), _tool(e.tool_name), "[bold red]IN DOUBT[/]",
+                      str(e.attempts), e.error or "")
+        console.print(r)
+
+
+def _phase(e: EntryRecord) -> str:
+    c = _PHASE.get(e.phase, "")
+    label = e.phase.value + (" (in doubt)" if e.in_doubt else "")
+    return f"[{c}]{label}[/]"
+
+
+def _outcome(e: EntryRecord) -> str:
+    if e.compensation is None:
+        return ""
+    return f"[{_OUTCOME[e.compensation]}]{e.compensation.value}[/]"
+
+
+def render_sagas(recs: list[SagaRecord]) -> None:
+    t = Table()
+    for col in ("saga", "status", "steps", "created", "reason"):
+        t.add_column(col)
+    for r in recs:
+        c = _STATUS.get(r.status, "")
+        t.add_row(r.saga_id, f"[{c}]{r.status.value}[/]", str(len(r.entries)),
+                  r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _short(r.reason or "", 60))
+    console.print(t)

@@ -1,0 +1,205 @@
+"""The ``sagaworker`` command line (click). Exit codes: 0 done, 1 not found/refused, 2 usage."""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from ._errors import SagaNotFound, SagaworkerError
+from ._render import console, render_saga, render_sagas, to_json
+from ._settings import Settings
+from ._types import SagaStatus
+
+__all__ = ["main"]
+
+
+def load(app_module: str | None) -> Any:
+    """Find the Sagaworker in the app module (SAGAWORKER_APP or -A)."""
+    from ._core import Sagaworker
+
+    name = app_module or Settings().app
+    sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(name)
+    except ImportError as exc:
+        raise click.UsageError(f"cannot import app module {name!r} ({exc}); pass -A MODULE "
+                               "or set SAGAWORKER_APP") from exc
+    for value in vars(mod).values():
+        if isinstance(value, Sagaworker):
+            return value
+    raise click.UsageError(f"module {name!r} holds no Sagaworker instance")
+
+
+class Ctx:
+    def __init__(self, app: str | None) -> None:
+        self.app = app
+        self._sw: Any = None
+
+    @property
+    def sw(self) -> Any:
+        if self._sw is None:
+            self._sw = load(self.app)
+        return self._sw
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+@click.group()
+@click.option("-A", "--app", "app", default=None, help="module holding the Celery app and "
+              "the Sagaworker (default: $SAGAWORKER_APP or 'tasks')")
+@click.pass_context
+def main(ctx: click.Context, app: str | None) -> None:
+    """sagaworker: journaled, compensable tool tasks on Celery."""
+    ctx.obj = Ctx(app)
+
+
+def refuse(msg: str) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(1)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def worker(c: Ctx, celery_args: tuple[str, ...]) -> None:
+    """A Celery worker for the configured app (extra arguments go to `celery worker`)."""
+    app = c.app or Settings().app
+    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A", app, "worker",
+                               *celery_args])
+
+
+@main.command()
+@click.argument("saga_id")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_ctx
+def show(c: Ctx, saga_id: str, as_json: bool) -> None:
+    """The journal and the compensation report of one saga."""
+    try:
+        rec = c.sw.inspect(saga_id)
+    except SagaNotFound as exc:
+        refuse(str(exc))
+    click.echo(to_json(rec)) if as_json else render_saga(rec)
+
+
+@main.command("list")
+@click.option("--status", type=click.Choice([s.value for s in SagaStatus]), default=None)
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_ctx
+def list_(c: Ctx, status: str | None, limit: int, as_json: bool) -> None:
+    """Sagas, newest first."""
+    recs = c.sw.sagas(status=status, limit=limit)
+    click.echo(to_json(recs)) if as_json else render_sagas(recs)
+
+
+@main.command()
+@click.option("--older-than", type=float, default=None, help="seconds (default: "
+              "SAGAWORKER_ORPHAN_AFTER)")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def orphans(c: Ctx, older_than: float | None, as_json: bool) -> None:
+    """INTENT entries with no outcome, older than a threshold."""
+    found = c.sw.orphans(older_than=older_than)
+    if as_json:
+        click.echo(to_json(found))
+        return
+    for e in found:
+        click.echo(f"{e.seq}\t{e.tool_name}\t{e.task_id}")
+    if not found:
+        click.echo("no orphans")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def approvals(c: Ctx, as_json: bool) -> None:
+    """Steps waiting behind the approval gate, with their tokens."""
+    try:
+        pending = c.sw.pending_approvals()
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    if as_json:
+        click.echo(to_json(pending))
+        return
+    for p in pending:
+        console.print(f"[bold]{p.saga_id}[/] #{p.seq} {p.tool_name} args={p.args} "
+                      f"kwargs={p.kwargs}\n  token: {p.token}")
+    if not pending:
+        click.echo("nothing awaits approval")
+
+
+@main.command()
+@click.argument("token")
+@click.option("--approver", default=None, help="who decides (default: your login name)")
+@pass_ctx
+def approve(c: Ctx, token: str, approver: str | None) -> None:
+    """Approve a gated step: it is published to the workers."""
+    try:
+        c.sw.approve(token, approver=approver or getpass.getuser())
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    click.echo("approved")
+
+
+@main.command()
+@click.argument("token")
+@click.option("--reason", required=True)
+@click.option("--approver", default=None, help="who decides (default: your login name)")
+@pass_ctx
+def reject(c: Ctx, token: str, reason: str, approver: str | None) -> None:
+    """Reject a gated step: the saga fails and compensates."""
+    try:
+        c.sw.reject(token, approver=approver or getpass.getuser(), reason=reason)
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    click.echo("rejected")
+
+
+@main.command("retry-compensation")
+@click.argument("saga_id")
+@click.option("--wait", "wait", is_flag=True, help="wait for the new status")
+@click.option("--timeout", type=float, default=300)
+@pass_ctx
+def retry_compensation(c: Ctx, saga_id: str, wait: bool, timeout: float) -> None:
+    """Operator re-drive: re-run only the COMPENSATION_FAILED undos."""
+    try:
+        seqs = c.sw.retry_compensation(saga_id, actor=getpass.getuser())
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    if not seqs:
+        refuse(f"saga {saga_id!r} has no COMPENSATION_FAILED undo to re-run")
+    click.echo(f"re-running undos of steps {seqs}")
+    if wait:
+        res = c.sw.get(saga_id).wait(timeout)
+        click.echo(res.status.value)
+        sys.exit(0 if res.status is SagaStatus.COMPENSATED else 1)
+
+
+@main.group()
+def db() -> None:
+    """Journal schema."""
+
+
+@db.command()
+@click.option("--database-url", default=None, help="default: SAGAWORKER_DATABASE_URL")
+def upgrade(database_url: str | None) -> None:
+    """Apply the schema migrations (Alembic) to the journal database."""
+    from ._migrate import upgrade as run
+
+    run(database_url or Settings().database_url)
+    click.echo("journal schema is up to date")
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="keep the demo's folder (journal, broker)")
+def demo(keep: bool) -> None:
+    """The example order saga end to end on the embedded defaults."""
+    from ._demo import run_demo
+
+    sys.exit(run_demo(keep=keep))
