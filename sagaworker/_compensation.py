@@ -44,6 +44,10 @@ class Compensator:
 
     def run_chain(self, saga_id: str) -> None:
         """Run undos until the chain finishes, waits, or schedules a retry."""
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id):
+            self._run_chain(saga_id)
+
+    def _run_chain(self, saga_id: str) -> None:
         sw = self.sw
         retries = sw.settings.compensation_retries
         while True:

@@ -1,0 +1,162 @@
+"""The Celery app the integration tests run in real worker processes.
+
+Its tools record every effect and undo in an oracle ledger (a table the tests read),
+written by the tools themselves, so the tests check what really happened.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import JSON, Column, DateTime, Integer, MetaData, String, Table, func, insert
+from sqlalchemy import select as _select
+
+from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
+from sagaworker._dialect import make_engine
+
+ledger_md = MetaData()
+ledger = Table("test_ledger", ledger_md,
+               Column("id", Integer, primary_key=True, autoincrement=True),
+               Column("key", String(200), index=True), Column("kind", String(20)),
+               Column("tool", String(100)), Column("detail", JSON),
+               Column("at", DateTime(timezone=True), server_default=func.now()))
+_engines: dict[str, Any] = {}
+_url: list[str] = []
+
+
+def engine(url: str | None = None) -> Any:
+    url = url or _url[0]
+    if url not in _engines:
+        _engines[url] = make_engine(url)
+        ledger_md.create_all(_engines[url])
+    return _engines[url]
+
+
+def record(key: str, kind: str, tool: str, **detail: Any) -> None:
+    with engine().begin() as conn:
+        conn.execute(insert(ledger).values(key=key, kind=kind, tool=tool, detail=detail))
+
+
+def count(key: str, kind: str, tool: str) -> int:
+    with engine().connect() as conn:
+        return len(conn.execute(_select(ledger.c.id).where(
+            ledger.c.key == key, ledger.c.kind == kind, ledger.c.tool == tool)).all())
+
+
+
+
+def rows(url: str, key: str) -> list[Any]:
+    """The ledger rows of one test key, in the order they were written."""
+    with engine(url).connect() as conn:
+        return list(conn.execute(_select(ledger).where(ledger.c.key == key)
+                                 .order_by(ledger.c.id)).all())
+
+
+class Boom(Exception):
+    pass
+
+
+class NotJson:
+    pass
+
+
+def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
+    """The test app: the same tools in the worker and in the test process (the producer)."""
+    settings = settings or Settings()
+    app = Celery("tests.app")
+    app.conf.task_default_queue = os.environ.get("TEST_DEFAULT_QUEUE", "celery")
+    app.conf.broker_url = settings.broker_url
+    sw = Sagaworker(app, settings=settings)
+    if not _url:
+        _url.append(settings.database_url)
+
+    @sw.tool(compensable_by="undo_step")
+    def step(key: str, name: str, fail: bool = False, sleep: float = 0.0) -> str:
+        """A generic effect; fails on demand, takes time on demand."""
+        if sleep:
+            time.sleep(sleep)
+        if fail:
+            raise Boom(f"{name} failed on purpose")
+        record(key, "effect", name)
+        return f"{name}-done"
+
+    @sw.compensation
+    def undo_step(ctx: CompensationContext) -> None:
+        record(ctx.args[0], "undo", ctx.args[1], result=ctx.result, attempt=ctx.attempt,
+               reason=ctx.reason, idempotency_key=ctx.idempotency_key, seq=ctx.seq)
+
+    @sw.tool(compensable_by="undo_broken", reversibility=Reversibility.REVERSIBLE)
+    def broken_undo_step(key: str, name: str) -> str:
+        record(key, "effect", name)
+        return name
+
+    @sw.compensation
+    def undo_broken(ctx: CompensationContext) -> None:
+        record(ctx.args[0], "undo_try", ctx.args[1], attempt=ctx.attempt,
+               idempotency_key=ctx.idempotency_key)
+        raise Boom(f"undo of {ctx.args[1]} is broken (try {ctx.attempt})")
+
+    @sw.tool(compensable_by="undo_flaky")
+    def flaky_undo_step(key: str, name: str, failures: int) -> str:
+        record(key, "effect", name)
+        return name
+
+    @sw.compensation
+    def undo_flaky(ctx: CompensationContext) -> None:
+        record(ctx.args[0], "undo_try", ctx.args[1], attempt=ctx.attempt,
+               idempotency_key=ctx.idempotency_key)
+        if ctx.attempt <= ctx.args[2]:
+            raise Boom(f"flaky undo try {ctx.attempt}")
+        record(ctx.args[0], "undo", ctx.args[1], attempt=ctx.attempt)
+
+    @sw.tool(compensable_by="undo_zero")
+    def zero_arg_undo_step(key: str) -> str:
+        record(key, "effect", "zero")
+        return "zero"
+
+    @sw.compensation
+    def undo_zero() -> None:
+        record(os.environ.get("TEST_ZERO_KEY", "zero"), "undo", "zero")
+
+    @sw.tool()
+    def lookup(key: str) -> int:
+        """Read-only: no undo, SKIPPED at compensation time."""
+        record(key, "effect", "lookup")
+        return 42
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def ship(key: str, parcel: str) -> str:
+        record(key, "effect", "ship", parcel=parcel)
+        return f"shipped-{parcel}"
+
+    @sw.tool(compensable_by="undo_step", autoretry_for=(Boom,), max_retries=2,
+             default_retry_delay=0)
+    def retried(key: str, name: str, failures: int) -> str:
+        """Fails its first ``failures`` attempts, then succeeds (Celery retries it)."""
+        record(key, "try", name)
+        if count(key, "try", name) <= failures:
+            raise Boom(f"{name} transient failure")
+        record(key, "effect", name)
+        return name
+
+    @sw.tool(compensable_by="undo_step", idempotent=True)
+    def idem(key: str, name: str, sleep: float = 0.0) -> str:
+        record(key, "try", name)
+        if sleep:
+            time.sleep(sleep)
+        record(key, "effect", name)
+        return name
+
+    @sw.tool()
+    def returns_object(key: str) -> Any:
+        record(key, "effect", "returns_object")
+        return NotJson()
+
+    return app, sw
+
+
+if os.environ.get("TESTS_APP_WORKER") == "1":  # set by the fixtures for worker processes
+    app, sw = build()

@@ -1,0 +1,214 @@
+"""Fixtures: one per real service. Locally a missing service skips; with CI=true it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sagaworker import Sagaworker, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+CI = os.environ.get("CI") == "true"
+PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
+BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
+           "redis": "redis://127.0.0.1:6379/0"}
+
+
+def need(service: str, check: Callable[[], Any]) -> None:
+    try:
+        check()
+    except Exception as exc:
+        msg = f"{service} is not reachable ({type(exc).__name__}: {exc})"
+        if CI:
+            pytest.fail(f"{msg}; CI=true requires it", pytrace=False)
+        pytest.skip(msg)
+
+
+def _pg() -> None:
+    import psycopg
+
+    psycopg.connect("host=127.0.0.1 port=5432 user=root dbname=postgres",
+                    connect_timeout=3).close()
+
+
+def _broker(url: str) -> Callable[[], None]:
+    def check() -> None:
+        from kombu import Connection
+
+        with Connection(url, connect_timeout=3) as c:
+            c.ensure_connection(max_retries=1, timeout=3)
+    return check
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated with Alembic."""
+    need("PostgreSQL", _pg)
+    import psycopg
+
+    name = f"sw_test_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+    from sagaworker._migrate import upgrade
+
+    upgrade(url)
+    yield url
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update({
+        "PYTHONPATH": str(ROOT), "TESTS_APP_WORKER": "1", "TEST_DEFAULT_QUEUE": default_queue,
+        "SAGAWORKER_DATABASE_URL": settings.database_url,
+        "SAGAWORKER_BROKER_URL": settings.broker_url,
+        "SAGAWORKER_BROKER_FOLDER": settings.broker_folder,
+        "SAGAWORKER_QUEUE": settings.queue,
+        "SAGAWORKER_COMPENSATION_RETRIES": str(settings.compensation_retries),
+        "SAGAWORKER_COMPENSATION_BACKOFF": str(settings.compensation_backoff),
+        "SAGAWORKER_APPROVAL_SECRET": settings.approval_secret or "",
+        "SAGAWORKER_REDELIVER_AFTER": str(settings.redeliver_after),
+        "SAGAWORKER_RELAY_AFTER": str(settings.relay_after),
+        "SAGAWORKER_SWEEP_INTERVAL": str(settings.sweep_interval),
+        "SAGAWORKER_LOG_FORMAT": "json",
+    })
+    env.update(extra)
+    return env
+
+
+class Cluster:
+    """Real `celery worker` processes plus a producer Sagaworker in the test process."""
+
+    def __init__(self, settings: Settings, tmp: Path, broker: str) -> None:
+        from tests.app import build
+
+        self.settings, self.tmp, self.broker = settings, tmp, broker
+        self.default_queue = f"t-{uuid.uuid4().hex[:8]}"
+        os.environ["TEST_DEFAULT_QUEUE"] = self.default_queue
+        self.app, self.sw = build(settings)
+        self.workers: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start_worker(self, concurrency: int = 2, **extra_env: str) -> subprocess.Popen[bytes]:
+        from sagaworker._demo import start_worker
+
+        n = len(self.workers) + 1
+        log = self.tmp / f"worker{n}.log"
+        proc = start_worker("tests.app", worker_env(self.settings, self.default_queue,
+                                                     **extra_env),
+                            log, concurrency=concurrency,
+                            extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h"))
+        self.workers.append((proc, log))
+        return proc
+
+    def stop_workers(self) -> None:
+        for proc, _ in self.workers:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc, _ in self.workers:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.workers.clear()
+
+    def events(self, saga_id: str | None = None) -> list[dict[str, Any]]:
+        """Every JSON log line the workers wrote (for one saga, if given)."""
+        out = []
+        for _, log in self.workers:
+            for line in log.read_text(errors="replace").splitlines():
+                if not line.startswith("{"):
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if saga_id is None or ev.get("saga_id") == saga_id:
+                    out.append(ev)
+        return out
+
+    def ledger(self, key: str) -> list[Any]:
+        from tests.app import rows
+
+        return rows(self.settings.database_url, key)
+
+    def cleanup_queues(self) -> None:
+        from kombu import Connection
+
+        names = [self.default_queue, self.settings.queue]
+        try:
+            with Connection(self.settings.broker_url, connect_timeout=3) as c:
+                ch = c.channel()
+                for n in names:
+                    try:
+                        ch.queue_delete(n)
+                    except Exception:
+                        ch = c.channel()
+        except Exception:
+            pass
+
+
+def new_settings(database_url: str, broker_url: str, tmp: Path, **over: Any) -> Settings:
+    base: dict[str, Any] = {
+        "database_url": database_url, "broker_url": broker_url,
+        "broker_folder": str(tmp / "broker"), "queue": f"sw-{uuid.uuid4().hex[:8]}",
+        "compensation_retries": 2, "compensation_backoff": 0.05,
+        "approval_secret": "test-secret", "redeliver_after": 30, "relay_after": 5,
+        "sweep_interval": 1,
+    }
+    base.update(over)
+    return Settings(**base)
+
+
+@pytest.fixture(scope="module", params=sorted(BROKERS))
+def cluster(request: pytest.FixtureRequest, pg_url: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One worker (prefork, 2 processes) on PostgreSQL and a real broker."""
+    broker = BROKERS[request.param]
+    need(request.param, _broker(broker))
+    tmp = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    c = Cluster(new_settings(pg_url, broker, tmp), tmp, request.param)
+    c.start_worker()
+    yield c
+    c.stop_workers()
+    c.cleanup_queues()
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    """Await a condition (polling), failing the test with `what` when it never holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def uid(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def sqlite_sw(tmp_path: Path) -> Iterator[Sagaworker]:
+    """A Sagaworker on a temporary SQLite journal and kombu's memory transport."""
+    from celery import Celery
+
+    app = Celery("unit", broker="memory://")
+    s = Settings(database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+                 approval_secret="unit-secret", broker_folder=str(tmp_path / "b"))
+    yield Sagaworker(app, settings=s)
+
+
+_ = sys
