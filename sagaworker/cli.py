@@ -203,3 +203,7 @@ def demo(keep: bool) -> None:
     from ._demo import run_demo
 
     sys.exit(run_demo(keep=keep))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Producer-side rules on a SQLite journal with kombu's memory transport (no worker)."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from sagaworker import (
+    BadInput,
+    Phase,
+    SagaExists,
+    SagaNotFound,
+    SagaStatus,
+    Sagaworker,
+    SagaworkerError,
+)
+
+
+def tools(sw: Sagaworker) -> tuple[object, object]:
+    @sw.tool(compensable_by="undo")
+    def reserve(sku: str, quantity: int) -> str:
+        return sku
+
+    @sw.compensation
+    def undo() -> None:
+        pass
+
+    @sw.tool(reversibility="IRREVERSIBLE")
+    def ship(order: str) -> str:
+        return order
+
+    return reserve, ship
+
+
+def test_begin_twice_raises_saga_exists(sqlite_sw: Sagaworker) -> None:
+    """A saga id is taken once; the error says what to do."""
+    sqlite_sw.begin("o-1")
+    with pytest.raises(SagaExists, match=r"sw\.get"):
+        sqlite_sw.begin("o-1")
+
+
+def test_unknown_saga(sqlite_sw: Sagaworker) -> None:
+    """inspect/get of an unknown id raise SagaNotFound."""
+    with pytest.raises(SagaNotFound):
+        sqlite_sw.inspect("nope")
+    with pytest.raises(SagaNotFound):
+        sqlite_sw.get("nope")
+
+
+def test_intent_is_journaled_before_publish(sqlite_sw: Sagaworker) -> None:
+    """enqueue commits INTENT (with args and a task id) and logs step_intent."""
+    reserve, _ = tools(sqlite_sw)
+    saga = sqlite_sw.begin("o-2")
+    with capture_logs() as logs:
+        step = saga.enqueue(reserve, "sku-1", 2)
+    e = sqlite_sw.inspect("o-2").entries[0]
+    assert (e.seq, e.phase, e.args, e.task_id) == (1, Phase.INTENT, ["sku-1", 2], step.task_id)
+    assert [ev["event"] for ev in logs] == ["step_intent"]
+    assert logs[0]["saga_id"] == "o-2" and logs[0]["seq"] == 1
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    ((object(), 1), {}, "not JSON"),
+    (("sku",), {}, "malformed arguments"),
+    (("sku", 1, 2), {}, "malformed arguments"),
+    (("x" * 300_000, 1), {}, "byte limit"),
+    (("sku", float("nan")), {}, "not JSON"),
+])
+def test_bad_input_is_refused_and_nothing_is_journaled(sqlite_sw: Sagaworker, args: tuple,
+                                                      kwargs: dict, match: str) -> None:
+    """Non-JSON, malformed or oversized arguments raise BadInput; the saga stays clean."""
+    reserve, _ = tools(sqlite_sw)
+    saga = sqlite_sw.begin("o-3")
+    with pytest.raises(BadInput, match=match):
+        saga.enqueue(reserve, *args, **kwargs)
+    assert sqlite_sw.inspect("o-3").entries == []
+
+
+def test_not_a_tool(sqlite_sw: Sagaworker) -> None:
+    """Enqueueing a plain function says to decorate it."""
+    saga = sqlite_sw.begin("o-4")
+    with pytest.raises(SagaworkerError, match=r"@sw\.tool"):
+        saga.enqueue(print, "x")
+
+
+def test_gated_step_is_not_published_and_awaits(sqlite_sw: Sagaworker) -> None:
+    """An IRREVERSIBLE step is journaled AWAITING_APPROVAL and the saga shows it."""
+    _, ship = tools(sqlite_sw)
+    saga = sqlite_sw.begin("o-5")
+    saga.enqueue(ship, "order-5")
+    rec = sqlite_sw.inspect("o-5")
+    assert rec.status is SagaStatus.AWAITING_APPROVAL
+    assert rec.entries[0].phase is Phase.AWAITING_APPROVAL
+    [req] = sqlite_sw.pending_approvals()
+    assert (req.saga_id, req.seq, req.args) == ("o-5", 1, ["order-5"])
+    with pytest.raises(SagaworkerError, match=r"AWAITING_APPROVAL"):
+        saga.complete()
+
+
+def test_fail_is_journaled_and_blocks_new_steps(sqlite_sw: Sagaworker) -> None:
+    """saga.fail journals the request first (a lost message is found again)."""
+    reserve, _ = tools(sqlite_sw)
+    saga = sqlite_sw.begin("o-6")
+    saga.fail("customer cancelled")
+    row = sqlite_sw.journal.saga_row("o-6")
+    assert row.fail_requested_at is not None and row.reason == "customer cancelled"
+    with pytest.raises(SagaworkerError, match="failing"):
+        saga.enqueue(reserve, "sku", 1)
+    with pytest.raises(SagaworkerError):
+        saga.complete()
+
+
+def test_sagas_newest_first(sqlite_sw: Sagaworker) -> None:
+    """sw.sagas lists newest first and filters by status."""
+    for i in range(3):
+        sqlite_sw.begin(f"n-{i}")
+    sqlite_sw.get("n-1").complete()
+    assert [r.saga_id for r in sqlite_sw.sagas()] == ["n-2", "n-1", "n-0"]
+    assert [r.saga_id for r in sqlite_sw.sagas(status=SagaStatus.COMPLETED)] == ["n-1"]
+    assert len(sqlite_sw.sagas(limit=2)) == 2

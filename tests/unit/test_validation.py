@@ -1,0 +1,148 @@
+"""Validation fails on boot, not during a refund."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from sagaworker import CompensationContext, ConfigurationError, Reversibility, Sagaworker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make(tmp_path: Path) -> Sagaworker:
+    return Sagaworker(Celery("v", broker="memory://"),
+                      database_url=f"sqlite:///{tmp_path / 'v.db'}")
+
+
+def test_unknown_undo_name_says_did_you_mean(tmp_path: Path) -> None:
+    """compensable_by naming no compensation raises with the tool, module and a suggestion."""
+    sw = make(tmp_path)
+
+    @sw.tool(compensable_by="relase_inventory")
+    def reserve_inventory(sku: str) -> str:
+        return sku
+
+    @sw.compensation
+    def release_inventory(ctx: CompensationContext) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError) as err:
+        sw.validate()
+    msg = str(err.value)
+    assert "reserve_inventory" in msg and __name__ in msg
+    assert "did you mean 'release_inventory'" in msg
+
+
+def test_undo_in_another_module_does_not_count(tmp_path: Path) -> None:
+    """The undo binds by function name in the tool's own module only."""
+    sw = make(tmp_path)
+
+    def undo() -> None:
+        pass
+
+    undo.__module__ = "somewhere.else"
+    sw.compensation(undo)
+
+    @sw.tool(compensable_by="undo")
+    def t() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="names no compensation"):
+        sw.validate()
+
+
+def test_bad_undo_signature(tmp_path: Path) -> None:
+    """An undo must take no arguments or exactly one CompensationContext."""
+    sw = make(tmp_path)
+
+    @sw.tool(compensable_by="two_args")
+    def t() -> None:
+        pass
+
+    @sw.compensation
+    def two_args(a: object, b: object) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="exactly one CompensationContext"):
+        sw.validate()
+
+
+def test_reversible_without_undo(tmp_path: Path) -> None:
+    """REVERSIBLE or COMPENSATABLE with no undo is refused."""
+    sw = make(tmp_path)
+
+    @sw.tool(reversibility=Reversibility.COMPENSATABLE)
+    def t() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="COMPENSATABLE but names no undo"):
+        sw.validate()
+
+
+def test_irreversible_with_undo(tmp_path: Path) -> None:
+    """IRREVERSIBLE with an undo is refused."""
+    sw = make(tmp_path)
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE, compensable_by="u")
+    def t() -> None:
+        pass
+
+    @sw.compensation
+    def u() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="IRREVERSIBLE"):
+        sw.validate()
+
+
+def test_valid_declarations_pass_and_default_is_compensatable(tmp_path: Path) -> None:
+    """compensable_by without reversibility means COMPENSATABLE; a bare tool needs no undo."""
+    sw = make(tmp_path)
+
+    @sw.tool(compensable_by="u")
+    def t() -> None:
+        pass
+
+    @sw.compensation
+    def u() -> None:
+        pass
+
+    @sw.tool()
+    def lookup() -> int:
+        return 1
+
+    sw.validate()
+    assert sw.registry.tool(t.name).effective_reversibility is Reversibility.COMPENSATABLE
+    assert sw.registry.tool(lookup.name).effective_reversibility is None
+
+
+def test_producer_validates_before_the_first_saga(tmp_path: Path) -> None:
+    """sw.begin() validates first: no saga starts with an undo that cannot run."""
+    sw = make(tmp_path)
+
+    @sw.tool(compensable_by="missing")
+    def t() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError):
+        sw.begin("s-1")
+    assert sw.sagas() == []
+
+
+def test_worker_refuses_to_start(tmp_path: Path) -> None:
+    """A worker whose tools fail validation exits non-zero at boot, naming the tool."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(PYTHONPATH=str(ROOT), SAGAWORKER_DATABASE_URL=f"sqlite:///{tmp_path / 'b.db'}",
+               SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"))
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.bad_app", "worker",
+                           "-c", "1", "--without-mingle", "--without-gossip"],
+                          env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "reserve_inventory" in err and "release_inventory" in err
