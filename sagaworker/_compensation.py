@@ -13,7 +13,7 @@ import structlog
 
 from ._journal import idempotency_key
 from ._logging import get_logger
-from ._transitions import UndoClaim, UndoState
+from ._transitions import UndoClaim, UndoState, worker_id
 from ._types import CompensationContext, OutcomeResult, SagaStatus
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class Compensator:
         sw = self.sw
         retries = sw.settings.compensation_retries
         while True:
-            st = sw.transitions.claim_undo(saga_id, sw.settings.lease_seconds)
+            st = sw.transitions.claim_undo(saga_id, sw.settings.lease_seconds, worker_id())
             if st.state is UndoClaim.FINISHED:
                 self._finished(saga_id, st)
                 return

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextvars
+import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,7 @@ from ._canonical import args_digest, check_json
 from ._errors import BadInput
 from ._journal import idempotency_key
 from ._logging import get_logger
-from ._transitions import Start
+from ._transitions import Start, worker_id
 from ._types import OPEN, SagaStatus
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class Executor:
     def __init__(self, sw: Sagaworker) -> None:
         self.sw = sw
         self.tool_raised: dict[str, bool] = {}
+        self.heartbeat = Heartbeat(sw)
 
     def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = task.sagaworker_spec
@@ -68,7 +71,7 @@ class Executor:
         if env is None and task.request.called_directly:
             return spec.fn(*args, **kwargs)
         task_id = task.request.id
-        worker = f"{task.request.hostname or 'local'}|{_pid()}"
+        worker = worker_id()
         try:
             saga_id, seq = _envelope(env)
         except BadInput as exc:
@@ -103,6 +106,7 @@ class Executor:
             self.fail_step(saga_id, seq, spec.name, problem, task_id=task.request.id)
             return None
         token = _current_key.set(idempotency_key(saga_id, seq, "execute"))
+        self.heartbeat.hold(saga_id, seq)
         started = time.perf_counter()
         try:
             value = spec.fn(*args, **kwargs)
@@ -114,6 +118,7 @@ class Executor:
             raise
         finally:
             _current_key.reset(token)
+            self.heartbeat.drop(saga_id, seq)
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         try:
             check_json(value, f"the result of tool {spec.name!r}")
@@ -178,7 +183,40 @@ def _envelope(env: Any) -> tuple[str, int]:
     return saga_id, seq
 
 
-def _pid() -> int:
-    import os
+class Heartbeat:
+    """Keeps the leases of running attempts fresh, so a long tool is never taken for dead.
 
-    return os.getpid()
+    One daemon thread per process, started on first use and again after a fork (prefork
+    children inherit no threads).
+    """
+
+    def __init__(self, sw: Sagaworker) -> None:
+        self.sw = sw
+        self.held: set[tuple[str, int]] = set()
+        self.lock = threading.Lock()
+        self.pid = 0
+
+    def hold(self, saga_id: str, seq: int) -> None:
+        with self.lock:
+            self.held.add((saga_id, seq))
+            if self.pid != os.getpid():
+                self.pid = os.getpid()
+                threading.Thread(target=self._beat, daemon=True,
+                                 name="sagaworker-heartbeat").start()
+
+    def drop(self, saga_id: str, seq: int) -> None:
+        with self.lock:
+            self.held.discard((saga_id, seq))
+
+    def _beat(self) -> None:
+        lease = self.sw.settings.lease_seconds
+        me = os.getpid()
+        while self.pid == me:
+            time.sleep(max(lease / 3, 0.2))
+            with self.lock:
+                held = sorted(self.held)
+            if held:
+                try:
+                    self.sw.transitions.heartbeat(held, worker_id(), lease)
+                except Exception as exc:  # the next beat tries again
+                    log.warning("heartbeat_failed", error=str(exc)[:200])

@@ -8,18 +8,21 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from ._dialect import aware
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
+from ._logging import get_logger
 from ._schema import audit, entries, metadata, sagas
 from ._types import (
     OPEN,
@@ -34,7 +37,39 @@ from ._types import (
 
 __all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
 
+_log = get_logger()
 _NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
+
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: how long a worker-side transaction is retried while the database is unreachable
+DB_RETRY_SECONDS = 60.0
+
+
+def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Retry one whole transaction on a lost connection (a PostgreSQL restart, a failover).
+
+    Safe because every transition is a compare-and-set: replaying one whose commit was
+    in fact applied changes nothing.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        deadline = time.monotonic() + DB_RETRY_SECONDS
+        delay = 0.1
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                _log.warning("database_retry", error=str(exc).splitlines()[0][:200],
+                             retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    return wrapper
 
 
 def now() -> datetime:

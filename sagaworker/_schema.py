@@ -84,6 +84,7 @@ entries = Table(
     Column("compensation_detail", Text),
     Column("compensation_attempts", Integer, nullable=False, default=0),
     Column("comp_lease_until", _ts),
+    Column("comp_worker", String(300)),
     Column("compensated_at", _ts),
     # the order undos ran in (report order)
     Column("comp_order", Integer),

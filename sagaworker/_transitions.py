@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from ._dialect import aware
-from ._journal import Journal, now
+from ._journal import Journal, now, retrying
 from ._schema import entries, sagas
 from ._types import OPEN, OutcomeResult, Phase, SagaStatus
 
-__all__ = ["Claim", "Start", "Transitions", "UndoClaim", "UndoState", "worker_gone"]
+__all__ = ["Claim", "Start", "Transitions", "UndoClaim", "UndoState", "worker_gone", "worker_id"]
 
 
 class Start(Enum):
@@ -61,6 +61,11 @@ class UndoState:
     in_doubt: tuple[Any, ...] = ()
 
 
+def worker_id() -> str:
+    """This process, as journaled on the attempts and undos it holds."""
+    return f"{socket.gethostname()}|{os.getpid()}"
+
+
 def worker_gone(worker: str | None) -> bool:
     """True when the attempt's worker process is on this host and no longer alive."""
     if not worker or "|" not in worker:
@@ -83,6 +88,8 @@ def _expired(lease: datetime | None, t: datetime) -> bool:
 
 
 class Transitions:
+    """Every method is one transaction, retried while the database is unreachable."""
+
     def __init__(self, journal: Journal) -> None:
         self.j = journal
 
@@ -107,6 +114,9 @@ class Transitions:
                 return Claim(Start.FINISHED, row=row, saga_status=status)
             lease_until = aware(row.lease_until)
             running = lease_until is not None and lease_until > t and not worker_gone(row.worker)
+            if running and row.worker == worker and row.task_id == task_id and row.attempts:
+                # our own claim whose commit was lost with the connection: it is ours
+                return Claim(Start.RUN, attempt=row.attempts, row=row, saga_status=status)
             if running:
                 return Claim(Start.BUSY, row=row, saga_status=status)
             died = lease_until is not None  # started, lease lapsed, no outcome journaled
@@ -132,6 +142,16 @@ class Transitions:
                          phase=Phase.FAILED.value, in_doubt=True, lease_until=None,
                          error="in doubt: the attempt's worker was lost before an outcome "
                                "was journaled; the effect may or may not have happened")
+
+    def heartbeat(self, held: list[tuple[str, int]], worker: str, lease: float) -> None:
+        """Extend the leases of the attempts this process is running."""
+        until = now() + timedelta(seconds=lease)
+        with self.j.engine.begin() as conn:
+            for saga_id, seq in held:
+                conn.execute(update(entries).where(
+                    entries.c.saga_id == saga_id, entries.c.seq == seq,
+                    entries.c.phase == Phase.INTENT.value, entries.c.worker == worker)
+                    .values(lease_until=until))
 
     def release_attempt(self, saga_id: str, seq: int, error: str) -> None:
         """An attempt raised and Celery may retry it: it ended, so it is not in doubt."""
@@ -191,7 +211,7 @@ class Transitions:
                 entries.c.saga_id == saga_id, entries.c.phase == Phase.EXECUTED.value)).scalar()
             return True, int(n or 0), why
 
-    def claim_undo(self, saga_id: str, lease: float) -> UndoState:
+    def claim_undo(self, saga_id: str, lease: float, worker: str = "") -> UndoState:
         """Pick the latest-executed entry with no outcome and take its lease."""
         t = now()
         with self.j.engine.begin() as conn:
@@ -207,11 +227,13 @@ class Transitions:
                 .order_by(entries.c.exec_order.desc()).limit(1)).first()
             if row is not None:
                 lease_until = aware(row.comp_lease_until)
-                if lease_until is not None and lease_until > t:
+                if lease_until is not None and lease_until > t and not worker_gone(
+                        row.comp_worker):
                     return UndoState(UndoClaim.BUSY, row=row)
                 attempt = row.compensation_attempts + 1
                 self.j.set_entry(conn, saga_id, row.seq, compensation_attempts=attempt,
-                                 comp_lease_until=t + timedelta(seconds=lease))
+                                 comp_lease_until=t + timedelta(seconds=lease),
+                                 comp_worker=worker)
                 return UndoState(UndoClaim.CLAIMED, row=row, attempt=attempt,
                                  reason=saga.reason)
             return self._finish(conn, saga_id, t)
@@ -275,3 +297,8 @@ class Transitions:
             self.j.audit(conn, saga_id, None, "retry_compensation", actor,
                          f"re-running undos of steps {seqs}")
             return seqs
+
+
+for _name in ("claim_start", "release_attempt", "executed", "failed", "begin_compensation",
+              "claim_undo", "record_undo", "release_undo", "reopen_dirty", "heartbeat"):
+    setattr(Transitions, _name, retrying(getattr(Transitions, _name)))

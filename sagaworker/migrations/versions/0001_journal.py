@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-02 17:15:06.302020
+Create Date: 2026-12-02 17:38:08.642112
 
 """
 from collections.abc import Sequence
@@ -76,6 +76,7 @@ def upgrade() -> None:
     sa.Column('compensation_detail', sa.Text(), nullable=True),
     sa.Column('compensation_attempts', sa.Integer(), nullable=False),
     sa.Column('comp_lease_until', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('comp_worker', sa.String(length=300), nullable=True),
     sa.Column('compensated_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('comp_order', sa.Integer(), nullable=True),
     sa.Column('approval_nonce', sa.String(length=64), nullable=True),
