@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -185,6 +184,21 @@ def cluster(request: pytest.FixtureRequest, pg_url: str,
     c.cleanup_queues()
 
 
+@pytest.fixture(scope="module", params=sorted(BROKERS))
+def crash_cluster(request: pytest.FixtureRequest, pg_url: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Like `cluster`, with short leases and a fast sweeper, for crash and loss scenarios."""
+    broker = BROKERS[request.param]
+    need(request.param, _broker(broker))
+    tmp = tmp_path_factory.mktemp(f"crash-{request.param}")
+    c = Cluster(new_settings(pg_url, broker, tmp, redeliver_after=4, relay_after=2,
+                             sweep_interval=1), tmp, request.param)
+    c.start_worker()
+    yield c
+    c.stop_workers()
+    c.cleanup_queues()
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
     """Await a condition (polling), failing the test with `what` when it never holds."""
     deadline = time.monotonic() + timeout
@@ -210,5 +224,3 @@ def sqlite_sw(tmp_path: Path) -> Iterator[Sagaworker]:
                  approval_secret="unit-secret", broker_folder=str(tmp_path / "b"))
     yield Sagaworker(app, settings=s)
 
-
-_ = sys

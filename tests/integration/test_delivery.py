@@ -1,0 +1,188 @@
+"""At-least-once delivery turned into once-only effects: redelivery, crashes, lost messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from kombu import Connection, Exchange, Queue
+
+from sagaworker import OutcomeResult, Phase, SagaStatus
+from sagaworker._celery import DEAD_LETTER_QUEUE
+from sagaworker._execution import ENVELOPE
+from tests.conftest import ROOT, Cluster, uid, wait_for, worker_env
+
+pytestmark = pytest.mark.services
+T = 60
+
+
+def tool(c: Cluster, name: str) -> Any:
+    return c.sw.registry.tool(f"tests.app.{name}").task
+
+
+def effects(c: Cluster, key: str, name: str) -> int:
+    return sum(1 for r in c.ledger(key) if (r.kind, r.tool) == ("effect", name))
+
+
+def republish(c: Cluster, saga_id: str, seq: int) -> None:
+    row = c.sw.journal.entry_row(saga_id, seq)
+    assert c.sw.producer.publish(saga_id, seq, row.tool_name, list(row.args), dict(row.kwargs),
+                                 row.task_id, row.queue)
+
+
+def test_redelivered_executed_step_is_not_run_again(crash_cluster: Cluster) -> None:
+    """A second delivery of an EXECUTED step leaves the journaled result standing."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    step = saga.enqueue(tool(c, "step"), key, "a")
+    assert step.result(timeout=T) == "a-done"
+    for _ in range(3):
+        republish(c, key, 1)
+    wait_for(lambda: len([e for e in c.events(key) if e["event"] == "step_done"]) == 3, T,
+             "the duplicates to be handled")
+    assert effects(c, key, "a") == 1
+    assert c.sw.inspect(key).entries[0].attempts == 1
+
+
+def test_duplicate_delivery_while_running_is_left_be(crash_cluster: Cluster) -> None:
+    """Two deliveries of one entry never run the tool at the same time."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    step = saga.enqueue(tool(c, "step"), key, "slow", sleep=2)
+    wait_for(lambda: c.sw.journal.entry_row(key, 1).started_at is not None, T, "start")
+    republish(c, key, 1)
+    assert step.result(timeout=T) == "slow-done"
+    wait_for(lambda: any(e["event"] == "step_busy" for e in c.events(key)), T, "busy")
+    assert effects(c, key, "slow") == 1
+
+
+def _kill_running_child(c: Cluster, key: str, seq: int) -> None:
+    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, seq)).started_at and r, T,
+                   "the attempt to start")
+    pid = int(row.worker.rpartition("|")[2])
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_pool_child_killed_mid_tool_is_in_doubt(crash_cluster: Cluster) -> None:
+    """A non-idempotent step whose process died is FAILED in doubt, not undone, reported."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
+    saga.enqueue(tool(c, "step"), key, "doomed", sleep=30)
+    _kill_running_child(c, key, 2)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    e = c.sw.inspect(key).entries[1]
+    assert e.phase is Phase.FAILED and e.in_doubt and e.compensation is None
+    assert [d.seq for d in res.report.in_doubt] == [2]
+    assert [o.seq for o in res.report.outcomes] == [1]
+    assert effects(c, key, "doomed") == 0
+    ev = wait_for(lambda: [x for x in c.events(key) if x["event"] == "step_in_doubt"], 10,
+                  "the in-doubt event")
+    assert ev[0]["level"] == "error" and ev[0]["attempts"] == 1
+
+
+def test_idempotent_step_is_run_again_with_the_same_key(crash_cluster: Cluster) -> None:
+    """An idempotent step whose process died runs again and reaches EXECUTED."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    step = saga.enqueue(tool(c, "idem"), key, "i", sleep=3)
+    _kill_running_child(c, key, 1)
+    assert step.result(timeout=T) == "i"
+    e = c.sw.inspect(key).entries[0]
+    assert e.phase is Phase.EXECUTED and e.attempts == 2 and not e.in_doubt
+    tries = [r for r in c.ledger(key) if r.kind == "try"]
+    assert len(tries) == 2
+
+
+def test_producer_killed_between_intent_and_publish(crash_cluster: Cluster) -> None:
+    """The outbox relay publishes an INTENT its producer never published."""
+    c = crash_cluster
+    key = uid("k")
+    env = worker_env(c.settings, c.default_queue)
+    proc = subprocess.run([sys.executable, "-m", "tests.producer_crash", key, key], env=env,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 17
+    assert c.sw.inspect(key).entries[0].phase is Phase.INTENT
+    wait_for(lambda: c.sw.inspect(key).entries[0].phase is Phase.EXECUTED, T, "the relay")
+    assert effects(c, key, "orphaned") == 1
+    assert any(e["event"] == "step_relayed" for e in c.events(key))
+
+
+def test_lost_failure_message_is_sent_again(crash_cluster: Cluster) -> None:
+    """A failure journaled but never delivered is found by the sweeper and compensated."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
+    c.sw.journal.request_failure(key, "message lost on purpose")  # no message is sent
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert res.error == "message lost on purpose"
+
+
+def test_stalled_chain_resumes_from_the_journal(crash_cluster: Cluster) -> None:
+    """A chain whose message was lost after the compare-and-set resumes and skips nothing."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    for n in ("a", "b", "c"):
+        saga.enqueue(tool(c, "step"), key, n).result(timeout=T)
+    won, n, _ = c.sw.transitions.begin_compensation(key, "worker died holding the chain")
+    assert won and n == 3  # COMPENSATING, but no chain message exists
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["c", "b", "a"]
+
+
+def test_unjournalable_result_is_in_doubt(crash_cluster: Cluster) -> None:
+    """A result that is not JSON FAILs the step in doubt (its effect happened) and compensates."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
+    saga.enqueue(tool(c, "returns_object"), key)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    e = c.sw.inspect(key).entries[1]
+    assert e.phase is Phase.FAILED and e.in_doubt and "not JSON" in (e.error or "")
+    assert [o.result for o in res.report.outcomes] == [OutcomeResult.COMPENSATED]
+
+
+def test_poison_messages_are_dead_lettered_and_the_worker_serves_on(
+        crash_cluster: Cluster) -> None:
+    """Malformed envelopes and unknown sagas are rejected (dead-lettered on RabbitMQ)."""
+    c = crash_cluster
+    task = tool(c, "step")
+    bad = [{ENVELOPE: "garbage"}, {ENVELOPE: {"saga_id": "no-such-saga", "seq": 1}},
+           {ENVELOPE: {"saga_id": 5, "seq": "x"}}]
+    for kw in bad:
+        task.apply_async(args=["k", "x"], kwargs=kw, queue=c.default_queue)
+    wait_for(lambda: sum(1 for e in c.events() if e["event"] in ("bad_message",
+                                                                   "unknown_step")) >= 3,
+             T, "the poison messages to be refused")
+    if c.broker == "rabbitmq":
+        with Connection(c.settings.broker_url) as conn:
+            q = Queue(DEAD_LETTER_QUEUE, Exchange("sagaworker.dlx", type="direct"),
+                      routing_key=DEAD_LETTER_QUEUE)
+            got = []
+            with conn.SimpleQueue(q) as sq:
+                while True:
+                    try:
+                        m = sq.get(timeout=2)
+                    except sq.Empty:
+                        break
+                    got.append(m.headers.get("task"))
+                    m.ack()
+            assert got.count("tests.app.step") >= 3
+    key = uid("k")
+    assert c.sw.saga(key, lambda s: s.call(task, key, "after"), timeout=T).status \
+        is SagaStatus.COMPLETED
