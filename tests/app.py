@@ -85,6 +85,8 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
 
     @sw.compensation
     def undo_step(ctx: CompensationContext) -> None:
+        if os.environ.get("TEST_UNDO_SLEEP"):
+            time.sleep(float(os.environ["TEST_UNDO_SLEEP"]))
         record(ctx.args[0], "undo", ctx.args[1], result=ctx.result, attempt=ctx.attempt,
                reason=ctx.reason, idempotency_key=ctx.idempotency_key, seq=ctx.seq)
 

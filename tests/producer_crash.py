@@ -1,6 +1,7 @@
 """A producer that dies between the INTENT commit and the publish (the outbox case).
 
 Usage: python -m tests.producer_crash SAGA_ID KEY  (settings from SAGAWORKER_* variables)
+       python -m tests.producer_crash --many ID1 ID2 ...  (journals each, publishes none)
 """
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ from tests.app import build
 
 
 def main() -> None:
-    saga_id, key = sys.argv[1], sys.argv[2]
     _, sw = build()
+    if sys.argv[1] == "--many":
+        sw.producer.publish = lambda *_: False  # type: ignore[method-assign]
+        for saga_id in sys.argv[2:]:
+            sw.begin(saga_id).enqueue(sw.registry.tool("tests.app.step").task, saga_id, "s1",
+                                      sleep=0.05)
+        os._exit(17)
+    saga_id, key = sys.argv[1], sys.argv[2]
 
     def die(*_: object) -> bool:
         os._exit(17)  # the process is gone: INTENT is committed, nothing was published
