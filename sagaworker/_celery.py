@@ -59,7 +59,10 @@ class CeleryWiring:
         conf.worker_prefetch_multiplier = 1  # a lost worker holds back at most one task
         conf.task_acks_on_failure_or_timeout = True
         conf.broker_connection_retry_on_startup = True
-        conf.worker_cancel_long_running_tasks_on_connection_loss = True
+        # Keep running tools running when the broker connection drops: their messages are
+        # redelivered, and the entry's lease makes the copy leave the attempt be. Cancelling
+        # them instead would turn every in-flight step into an in-doubt one.
+        conf.worker_cancel_long_running_tasks_on_connection_loss = False
         default = conf.task_default_queue or "celery"
         self.queue_names = [default, s.queue]
         self._apply_queues()

@@ -7,6 +7,7 @@ up exactly where the journal says, never skipping and never repeating an outcome
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -19,9 +20,12 @@ from ._types import CompensationContext, OutcomeResult, SagaStatus
 if TYPE_CHECKING:
     from ._core import Sagaworker
 
-__all__ = ["Compensator"]
+__all__ = ["Compensator", "current_compensation"]
 
 log = get_logger()
+#: the context of the undo running now (also for zero-argument undos)
+current_compensation: contextvars.ContextVar[CompensationContext | None] = (
+    contextvars.ContextVar("sagaworker_compensation", default=None))
 
 
 class Compensator:
@@ -40,7 +44,10 @@ class Compensator:
             self.run_chain(saga_id)
 
     def backoff(self, attempt: int) -> float:
-        return float(min(self.sw.settings.compensation_backoff * 2 ** (attempt - 1), 60.0))
+        # Capped below the Redis visibility timeout: an ETA message held longer than that
+        # is redelivered while it still waits.
+        cap = min(60.0, self.sw.settings.redeliver_after / 2)
+        return float(min(self.sw.settings.compensation_backoff * 2 ** (attempt - 1), cap))
 
     def run_chain(self, saga_id: str) -> None:
         """Run undos until the chain finishes, waits, or schedules a retry."""
@@ -80,6 +87,7 @@ class Compensator:
             saga_id=saga_id, seq=row.seq, tool_name=row.tool_name, args=list(row.args or []),
             kwargs=dict(row.kwargs or {}), result=row.result, reason=st.reason,
             attempt=st.attempt, idempotency_key=idempotency_key(saga_id, row.seq, "compensate"))
+        token = current_compensation.set(ctx)
         try:
             if undo.takes_context:
                 undo.fn(ctx)
@@ -96,6 +104,8 @@ class Compensator:
                 return False
             return self._outcome(saga_id, row, OutcomeResult.COMPENSATION_FAILED, detail,
                                  st.attempt)
+        finally:
+            current_compensation.reset(token)
         return self._outcome(saga_id, row, OutcomeResult.COMPENSATED, None, st.attempt)
 
     def _outcome(self, saga_id: str, row: Any, result: OutcomeResult, detail: str | None,
