@@ -160,6 +160,15 @@ class CeleryWiring:
         if not self._mine(sender):
             return
         self._declare_dead_letter()
+        if self.sw.settings.metrics_port:
+            from ._metrics import serve_metrics
+
+            try:
+                serve_metrics(self.sw, self.sw.settings.metrics_port)
+                log.info("metrics_serving", port=self.sw.settings.metrics_port)
+            except OSError as exc:
+                log.error("metrics_port_unavailable", port=self.sw.settings.metrics_port,
+                          error=str(exc))
         interval = self.sw.settings.sweep_interval
         if interval > 0:
             threading.Thread(target=self._sweep_loop, args=(interval,), daemon=True,

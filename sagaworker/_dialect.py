@@ -7,8 +7,11 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import GenericFunction
+from sqlalchemy.types import Float
 
-__all__ = ["aware", "make_engine", "normalize_url"]
+__all__ = ["aware", "make_engine", "normalize_url", "seconds_between"]
 
 
 def normalize_url(url: str) -> str:
@@ -55,3 +58,25 @@ def aware(dt: datetime | None) -> datetime | None:
     if dt is None or dt.tzinfo is not None:
         return dt
     return dt.replace(tzinfo=UTC)
+
+
+class seconds_between(GenericFunction[float]):
+    """Seconds from the first timestamp to the second, on either dialect."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(seconds_between, "postgresql")
+def _pg_seconds(element: Any, compiler: Any, **kw: Any) -> str:
+    start, end = list(element.clauses)
+    return (f"EXTRACT(EPOCH FROM ({compiler.process(end, **kw)} - "
+            f"{compiler.process(start, **kw)}))")
+
+
+@compiles(seconds_between, "sqlite")
+def _sqlite_seconds(element: Any, compiler: Any, **kw: Any) -> str:
+    start, end = list(element.clauses)
+    return (f"((julianday({compiler.process(end, **kw)}) - "
+            f"julianday({compiler.process(start, **kw)})) * 86400.0)")
+

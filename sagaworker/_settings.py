@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     relay_after: float = Field(default=30, gt=0)
     #: how often every worker runs the sweeper on its own timer (0 disables it)
     sweep_interval: float = Field(default=15, ge=0)
+    #: Prometheus metrics port a worker serves (0: off)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
     #: filesystem broker folder (embedded default only)
     broker_folder: str = ".sagaworker/broker"
 

@@ -81,6 +81,7 @@ def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str
         "SAGAWORKER_RELAY_AFTER": str(settings.relay_after),
         "SAGAWORKER_SWEEP_INTERVAL": str(settings.sweep_interval),
         "SAGAWORKER_LOG_FORMAT": "json",
+        "SAGAWORKER_METRICS_PORT": str(settings.metrics_port),
     })
     env.update(extra)
     return env

@@ -287,3 +287,28 @@ def test_operator_redrive_reruns_only_failed_undos(cluster: Cluster) -> None:
     assert [t["attempt"] for t in tries] == [1, 2, 3, 4]
     assert len({t["idempotency_key"] for t in tries}) == 1
     assert cluster.sw.inspect(key).entries[1].compensation_attempts == 4
+
+
+def test_worker_serves_prometheus_metrics(cluster: Cluster) -> None:
+    """With SAGAWORKER_METRICS_PORT a worker serves journal metrics; scraping shows a saga."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cluster.start_worker(concurrency=1, SAGAWORKER_METRICS_PORT=str(port))
+    key = uid("k")
+    step, broken = tool(cluster, "step"), tool(cluster, "broken_undo_step")
+    res = cluster.sw.saga(key, lambda s: (s.call(broken, key, "m"),
+                                          s.call(step, key, "x", fail=True)), timeout=T)
+    assert res.status is SagaStatus.COMPENSATION_FAILED
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lines = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
+             if ln and not ln.startswith("#")}
+    assert lines['sagaworker_sagas{status="COMPENSATION_FAILED"}'] >= 1
+    assert lines['sagaworker_compensations_total{outcome="COMPENSATION_FAILED",'
+                 'tool="tests.app.broken_undo_step"}'] >= 1
+    assert lines['sagaworker_steps{phase="FAILED",tool="tests.app.step"}'] >= 1
+    assert lines["sagaworker_compensation_duration_seconds_count"] >= 1
+    assert "sagaworker_orphans" in lines
