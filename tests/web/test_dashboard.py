@@ -1,0 +1,144 @@
+"""The server-rendered dashboard: list, filters, attention panel, saga timeline."""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+
+from sagaworker import Sagaworker
+
+from .journal import Tools, awaiting_approval, compensated, completed, running
+
+
+def _html(client: FlaskClient, url: str, status: int = 200) -> str:
+    resp = client.get(url)
+    assert resp.status_code == status, resp.get_data(as_text=True)[:500]
+    assert resp.mimetype == "text/html"
+    return resp.get_data(as_text=True)
+
+
+def _section(html: str, start: str, end: str) -> str:
+    return html[html.index(start):html.index(end)]
+
+
+def test_index_lists_sagas_newest_first(client: FlaskClient, sw: Sagaworker,
+                                        tools: Tools) -> None:
+    """The saga table lists every saga, newest first, with its status badge."""
+    completed(sw, tools, "order-first")
+    compensated(sw, tools, "order-second")
+    running(sw, tools, "order-third")
+    table = _section(_html(client, "/"), 'id="sagas"', "</table>")
+    assert re.findall(r"<b>(order-[a-z]+)</b>", table) == [
+        "order-third", "order-second", "order-first"]
+    assert "badge st-completed" in table and "badge st-compensated" in table
+    assert "badge st-running" in table
+
+
+def test_status_filter_links_and_filtering(client: FlaskClient, sw: Sagaworker,
+                                           tools: Tools) -> None:
+    """Each status has a filter link; ?status= shows only that status and marks the link."""
+    completed(sw, tools, "order-ok")
+    compensated(sw, tools, "order-undone")
+    html = _html(client, "/")
+    for s in ("RUNNING", "AWAITING_APPROVAL", "COMPLETED", "COMPENSATING", "COMPENSATED",
+              "COMPENSATION_FAILED"):
+        assert f'href="/?status={s}"' in html
+    table = _section(_html(client, "/?status=COMPLETED"), 'id="sagas"', "</table>")
+    assert "order-ok" in table and "order-undone" not in table
+    assert 'href="/?status=COMPLETED" class="on"' in _html(client, "/?status=COMPLETED")
+    assert "Unknown status" in _html(client, "/?status=BOGUS", 400).replace("unknown", "Unknown")
+
+
+def test_dirty_and_in_doubt_sagas_are_highlighted_at_the_top(client: FlaskClient,
+                                                             sw: Sagaworker,
+                                                             tools: Tools) -> None:
+    """COMPENSATION_FAILED and in-doubt sagas appear in the attention panel, before the
+    table, with the failed undo, its error and the re-drive command."""
+    compensated(sw, tools, "order-dirty", card="stuck-77")
+    compensated(sw, tools, "order-doubt", in_doubt=True)
+    compensated(sw, tools, "order-clean")
+    completed(sw, tools, "order-ok")
+    html = _html(client, "/?status=COMPLETED")  # shown whatever the filter
+    top = _section(html, "Needs attention", 'id="sagas"')
+    assert 'data-kind="dirty"' in top and 'data-kind="in-doubt"' in top
+    assert "order-dirty" in top and "order-doubt" in top
+    assert "order-clean" not in top and "order-ok" not in top
+    assert "undo of #3 charge failed" in top
+    assert "payment API timed out (HTTP 504)" in top
+    assert "sagaworker retry-compensation order-dirty" in top
+    assert "#3 charge in doubt" in top
+    assert html.index("order-dirty") < html.index('id="sagas"')
+
+
+def test_all_clear_when_nothing_is_dirty(client: FlaskClient, sw: Sagaworker,
+                                         tools: Tools) -> None:
+    """With no dirty or in-doubt saga the panel says all clear."""
+    completed(sw, tools, "order-ok")
+    assert "No dirty or in-doubt sagas" in _html(client, "/")
+
+
+def test_pending_approvals_on_the_index(client: FlaskClient, sw: Sagaworker,
+                                        tools: Tools) -> None:
+    """Steps waiting at the approval gate are listed on the index."""
+    awaiting_approval(sw, tools, "order-gated")
+    html = _html(client, "/")
+    block = _section(html, "Waiting for approval (1)", "</table>")
+    assert "order-gated" in block and "#2 dispatch" in block
+
+
+def test_saga_timeline_forward_then_undos_in_run_order(client: FlaskClient, sw: Sagaworker,
+                                                       tools: Tools) -> None:
+    """The saga page lists forward steps in seq order, then undos in the order they ran,
+    each coloured by phase or outcome, with errors and details."""
+    compensated(sw, tools, "order-dirty", card="stuck-77")
+    html = _html(client, "/ui/sagas/order-dirty")
+    assert 'id="status">COMPENSATION_FAILED' in html
+    assert 'id="dirty"' in html
+    forward = _section(html, 'id="forward"', 'id="undos"')
+    assert re.findall(r'<li class="k-([a-z-]+)[^"]*" data-seq="(\d+)"', forward) == [
+        ("executed", "1"), ("executed", "2"), ("executed", "3"), ("failed", "4")]
+    assert "OutOfStock: sku-8: cannot hold 1" in forward
+    undos = html[html.index('id="undos"'):]
+    assert re.findall(r'<li class="k-([a-z-]+)[^"]*" data-seq="(\d+)"', undos) == [
+        ("compensation-failed", "3"), ("skipped", "2"), ("compensated", "1")]
+    assert "ConnectionError: payment API timed out" in undos
+    assert "no undo declared" in undos
+
+
+def test_saga_page_shows_approvals_who_and_when(client: FlaskClient, sw: Sagaworker,
+                                                tools: Tools) -> None:
+    """An approved or rejected gate shows who decided and when."""
+    awaiting_approval(sw, tools, "order-a")
+    awaiting_approval(sw, tools, "order-r")
+    for p in sw.pending_approvals():
+        if p.saga_id == "order-a":
+            sw.approve(p.token, approver="alice")
+        else:
+            sw.reject(p.token, approver="bob", reason="fraud check")
+    a = _html(client, "/ui/sagas/order-a")
+    assert "by <b>alice</b> at 20" in a and "UTC" in a
+    r = _html(client, "/ui/sagas/order-r")
+    assert "by <b>bob</b> at 20" in r and "fraud check" in r
+    waiting = sw.inspect("order-r")
+    assert waiting.entries[1].phase.value == "REJECTED"
+
+
+def test_in_doubt_saga_page_warns(client: FlaskClient, sw: Sagaworker, tools: Tools) -> None:
+    """An in-doubt step is flagged on its saga page with a check-by-hand banner."""
+    compensated(sw, tools, "order-doubt", in_doubt=True)
+    html = _html(client, "/ui/sagas/order-doubt")
+    assert 'id="doubt"' in html and "IN DOUBT" in html and "check it by hand" in html
+
+
+def test_unknown_saga_page_is_404_html(client: FlaskClient) -> None:
+    """An unknown saga id on the dashboard is an HTML 404 page."""
+    assert "order-missing" in _html(client, "/ui/sagas/order-missing", 404)
+
+
+def test_user_text_is_escaped(client: FlaskClient, sw: Sagaworker, tools: Tools) -> None:
+    """Saga ids, metadata and errors are HTML-escaped."""
+    sw.begin("order-<b>x</b>", metadata={"note": "<script>alert(1)</script>"})
+    html = _html(client, "/ui/sagas/order-<b>x</b>")
+    assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
+    assert "order-&lt;b&gt;x&lt;/b&gt;" in _html(client, "/")

@@ -1,0 +1,60 @@
+"""A small Flask app for the example order saga: a JSON API and an on-call dashboard.
+
+``flask --app webapp:create_app run`` (development) or
+``gunicorn 'webapp:create_app()'`` (production, see the Procfile).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException
+
+from sagaworker import Sagaworker
+
+from . import api, dashboard
+from .orders import Order, OrderFlow, Runner, ValidationFailed, default_flow, parse_order
+
+__all__ = ["Order", "OrderFlow", "Runner", "ValidationFailed", "create_app", "parse_order"]
+
+
+def _wants_html() -> bool:
+    return request.path == "/" or request.path.startswith(("/ui/", "/static/"))
+
+
+def create_app(sw: Sagaworker | None = None, *, flow: OrderFlow | None = None,
+               step_timeout: float = 300.0) -> Flask:
+    """The app. ``sw`` defaults to the example's ``tasks.sw`` and ``flow`` to its order
+    saga; ``step_timeout`` bounds each step's wait (an approval included)."""
+    if sw is None:
+        import tasks
+
+        sw = tasks.sw
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["sagaworker"] = sw
+    app.extensions["sagaworker_runner"] = Runner(sw, flow or default_flow, step_timeout)
+    app.register_blueprint(api.bp)
+    app.register_blueprint(dashboard.bp)
+    dashboard.register_filters(app)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:
+        code = exc.code or 500
+        if _wants_html():
+            return render_template("error.html", code=code, name=exc.name,
+                                   message=exc.description), code
+        return jsonify({"error": exc.description, "status": code}), code
+
+    @app.errorhandler(Exception)
+    def crash(exc: Exception) -> tuple[Response, int]:
+        app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return jsonify({"error": f"internal error: {type(exc).__name__}", "status": 500}), 500
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
