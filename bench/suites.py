@@ -1,0 +1,446 @@
+"""The measurements. Every figure is taken for both systems in the same run, on the same
+PostgreSQL and broker, in interleaved rounds; the report quotes medians and ratios."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+
+from bench.apps import MINIMAL_DDL, System, counter, make_system, minimal_enqueue
+from bench.workers import Worker
+
+PG_ADMIN = "postgresql://root@127.0.0.1:5432/postgres"
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def pctl(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+# -- databases -------------------------------------------------------------------
+
+
+def create_database(name: str) -> str:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def prepare_schema(db_url: str, broker: str, run: str) -> None:
+    """sagaworker's journal (``sw.create_schema``) and the minimal journal's table."""
+    sw_sys = make_system("sagaworker", broker=broker, db_url=db_url, queue=f"{run}-schema")
+    sw_sys.sw.create_schema()
+    with sw_sys.sw.journal.engine.begin() as conn:
+        conn.execute(text(MINIMAL_DDL))
+    sw_sys.sw.journal.engine.dispose()
+
+
+# -- a set of systems on one broker ---------------------------------------------------
+
+
+class Bench:
+    """Producer-side apps and one running worker per system, on one broker and database."""
+
+    def __init__(self, run: str, broker_name: str, broker: str, db_url: str,
+                 systems: tuple[str, ...]) -> None:
+        self.run, self.broker_name, self.broker, self.db_url = run, broker_name, broker, db_url
+        self.systems: dict[str, System] = {}
+        self.workers: dict[str, Worker] = {}
+        self.rss_idle: dict[str, float] = {}
+        for name in systems:
+            queue = f"bench-{run}-{broker_name}-{name}"
+            self.systems[name] = make_system(name, broker=broker, db_url=db_url, queue=queue)
+        for name, system in self.systems.items():
+            self.workers[name] = Worker(name, broker=broker, db_url=db_url,
+                                        queue=system.queue, app=system.app)
+        for name, w in self.workers.items():
+            w.wait_ready()
+            time.sleep(0.5)
+            self.rss_idle[name] = w.rss_mib()
+        self._n = 0
+
+    def tag(self, what: str) -> str:
+        self._n += 1
+        return f"{self.run}-{self.broker_name}-{what}-{self._n}"
+
+    def rss(self) -> dict[str, float]:
+        return {name: w.rss_mib() for name, w in self.workers.items()}
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.terminate()
+        for w in self.workers.values():
+            w.stop()
+        for system in self.systems.values():
+            queues = [system.queue] + ([f"{system.queue}.sw"] if system.sw else [])
+            try:
+                with system.app.connection_for_write() as conn:
+                    chan = conn.default_channel
+                    for q in queues:
+                        with contextlib.suppress(Exception):  # already gone
+                            chan.queue_delete(q)
+            except Exception:  # cleanup only
+                pass
+            if system.sw is not None and system.sw._engine is not None:
+                system.sw._engine.dispose()
+
+
+class Stalled(TimeoutError):
+    """A round made no progress (a broker or Redis restart by someone else, say)."""
+
+
+def wait_counter(key: str, n: int, timeout: float, stall: float = 20) -> None:
+    r = counter()
+    deadline = time.monotonic() + timeout
+    last, moved = -1, time.monotonic()
+    while (got := int(r.get(key) or 0)) < n:
+        t = time.monotonic()
+        if got != last:
+            last, moved = got, t
+        if t > deadline or t - moved > stall:
+            raise Stalled(f"only {got} of {n} steps ran (no progress for {t - moved:.0f} s)")
+        time.sleep(0.002)
+
+
+RETRIES: list[str] = []
+
+
+def retried(fn: Callable[[], Any], what: str, tries: int = 3) -> Any:
+    """Run one round; a stalled round (shared services restarted under us) is re-run."""
+    for i in range(tries):
+        try:
+            return fn()
+        except (TimeoutError, OSError) as exc:
+            RETRIES.append(f"{what}: {type(exc).__name__}: {exc}")
+            if i == tries - 1:
+                raise
+            time.sleep(3)
+    raise AssertionError("unreachable")
+
+
+# -- 1. step throughput ------------------------------------------------------------------
+
+
+def step_round(b: Bench, name: str, n: int, *, per_saga: int = 10) -> dict[str, float]:
+    """Enqueue ``n`` independent steps as fast as one producer can; time until all ran.
+
+    sagaworker steps are spread round-robin over n/per_saga sagas begun beforehand
+    (untimed). Done means: counter reached n and, for the journals, n rows EXECUTED.
+    """
+    system = b.systems[name]
+    key = b.tag(f"steps-{name}")
+    counter().delete(key)
+    sagas: list[Any] = []
+    if name == "sagaworker":
+        sagas = [system.sw.begin(f"{key}-{i}") for i in range(max(1, n // per_saga))]
+    ids: list[str] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        if name == "minimal":
+            ids.append(minimal_enqueue(system, key))
+        else:
+            system.enqueue(key, sagas[i % len(sagas)] if sagas else None)
+    t_pub = time.perf_counter() - t0
+    wait_counter(key, n, timeout=300)
+    if name == "minimal":
+        _wait_sql(system, "SELECT count(*) FROM bench_minimal WHERE id = ANY(CAST(:ids AS uuid[])) "
+                  "AND phase = 'EXECUTED'", {"ids": ids}, n)
+    elif name == "sagaworker":
+        _wait_sql(system, "SELECT count(*) FROM sagaworker_entries WHERE saga_id = ANY(:ids) "
+                  "AND phase = 'EXECUTED'", {"ids": [s.saga_id for s in sagas]}, n)
+    elapsed = time.perf_counter() - t0
+    counter().delete(key)
+    return {"steps_per_s": n / elapsed, "enqueue_per_s": n / t_pub, "seconds": elapsed}
+
+
+def _wait_sql(system: System, sql: str, params: dict[str, Any], n: int) -> None:
+    from bench.apps import _engine
+
+    deadline = time.monotonic() + 60
+    while True:
+        with _engine(system.db_url).connect() as conn:
+            got = int(conn.execute(text(sql), params).scalar() or 0)
+        if got >= n:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{got} of {n} journaled EXECUTED")
+        time.sleep(0.005)
+
+
+def step_throughput(b: Bench, n: int, rounds: int) -> dict[str, Any]:
+    names = list(b.systems)
+    for name in names:  # warm-up: connections, pools, queues
+        retried(partial(step_round, b, name, max(20, n // 20)), f"warm {name}")
+    per: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        for name in order:
+            per[name].append(retried(partial(step_round, b, name, n),
+                                     f"{b.broker_name} steps {name}"))
+    out: dict[str, Any] = {"n": n, "rounds": rounds, "systems": {}}
+    for name, rs in per.items():
+        out["systems"][name] = {
+            "steps_per_s": median([x["steps_per_s"] for x in rs]),
+            "enqueue_per_s": median([x["enqueue_per_s"] for x in rs]),
+            "rounds_steps_per_s": [round(x["steps_per_s"], 1) for x in rs]}
+    sw_rounds = [x["steps_per_s"] for x in per.get("sagaworker", [])]
+    for base in ("bare", "minimal"):
+        if base in per and sw_rounds:
+            ratios = [s / m["steps_per_s"] for s, m in zip(sw_rounds, per[base], strict=True)]
+            out[f"ratio_vs_{base}"] = median(ratios)
+    return out
+
+
+# -- 2. saga throughput and latency ------------------------------------------------------
+
+
+def _run_clients(fn: Callable[[int], None], m: int, threads: int) -> dict[str, float]:
+    def one(i: int) -> float:
+        t = time.perf_counter()
+        fn(i)
+        return time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        lats = list(ex.map(one, range(m)))
+    total = time.perf_counter() - t0
+    ms = [x * 1000 for x in lats]
+    return {"sagas_per_s": m / total, "p50_ms": pctl(ms, 0.5), "p99_ms": pctl(ms, 0.99)}
+
+
+def saga_round_sagaworker(b: Bench, m: int, threads: int) -> dict[str, float]:
+    system = b.systems["sagaworker"]
+    sw, noop = system.sw, system.tasks["noop"]
+    key = b.tag("saga3")
+
+    def saga3(i: int) -> None:
+        saga = sw.begin(f"{key}-{i}")
+        for _ in range(3):
+            saga.enqueue(noop, key).result(timeout=60)
+        saga.complete()
+
+    return _run_clients(saga3, m, threads)
+
+
+def _ignore_index(fn: Callable[[str], Any], key: str, _i: int) -> None:
+    fn(key)
+
+
+def saga_latency(b: Bench, m: int, threads: int, rounds: int,
+                 dbos_mod: Any) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {"sagaworker": []}
+    if dbos_mod is not None:
+        runs["dbos_direct"], runs["dbos_queue"] = [], []
+    saga_round_sagaworker(b, max(4, m // 10), threads)  # warm-up
+    if dbos_mod is not None:
+        for fn in (dbos_mod.run_direct, dbos_mod.run_queued):
+            _run_clients(partial(_ignore_index, fn, "warm"), 4, threads)
+    key = f"{b.run}-dbos"
+    for _ in range(rounds):
+        runs["sagaworker"].append(retried(lambda: saga_round_sagaworker(b, m, threads),
+                                          "saga sagaworker"))
+        if dbos_mod is not None:
+            runs["dbos_direct"].append(_run_clients(lambda i: dbos_mod.run_direct(key), m,
+                                                    threads))
+            runs["dbos_queue"].append(_run_clients(lambda i: dbos_mod.run_queued(key), m,
+                                                   threads))
+    counter().delete(key)
+    out: dict[str, Any] = {"sagas_per_round": m, "client_threads": threads, "systems": {}}
+    for name, rs in runs.items():
+        out["systems"][name] = {k: median([x[k] for x in rs])
+                                for k in ("sagas_per_s", "p50_ms", "p99_ms")}
+    for base in ("dbos_direct", "dbos_queue"):
+        if base in runs:
+            out[f"throughput_ratio_vs_{base}"] = median(
+                [s["sagas_per_s"] / d["sagas_per_s"]
+                 for s, d in zip(runs["sagaworker"], runs[base], strict=True)])
+    return out
+
+
+# -- 3. compensation ------------------------------------------------------------------
+
+
+def bare_round_trip_ms(b: Bench, tries: int) -> float:
+    """Publish a bare Celery task, time until the worker ran it (worker's own clock)."""
+    stamp_task = b.systems["bare"].tasks["stamp"]
+    r = counter()
+    out = []
+    for i in range(tries):
+        key = b.tag(f"rt{i}")
+        t0 = time.time()
+        stamp_task.apply_async(args=[key])
+        deadline = time.monotonic() + 30
+        while (v := r.get(key)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("bare round trip")
+            time.sleep(0.0005)
+        out.append((float(v) - t0) * 1000)
+        r.delete(key)
+    return median(out)
+
+
+def compensation_round(b: Bench, k: int) -> float:
+    """ms from ``saga.fail()`` to the saga's terminal status (journaled ``finished_at``)."""
+    system = b.systems["sagaworker"]
+    sw, reserve = system.sw, system.tasks["reserve"]
+    key = b.tag(f"comp{k}")
+    saga = sw.begin(key)
+    steps = saga.enqueue_many([(reserve, (key,), {})] * k)
+    for s in steps:
+        s.result(timeout=120)
+    t0 = datetime.now(UTC)
+    saga.fail("bench")
+    deadline = time.monotonic() + 120
+    with sw.journal.engine.connect() as conn:
+        while True:
+            row = conn.execute(text("SELECT status, finished_at FROM sagaworker_sagas "
+                                    "WHERE saga_id = :s"), {"s": key}).first()
+            conn.rollback()
+            if row is not None and row.finished_at is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"compensation of {k} steps did not finish")
+            time.sleep(0.002)
+    if row.status != "COMPENSATED":
+        raise RuntimeError(f"saga {key} ended {row.status}")
+    counter().delete(key)
+    return float((row.finished_at - t0).total_seconds() * 1000)
+
+
+def compensation(b: Bench, sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    compensation_round(b, 2)  # warm-up
+    per: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(rounds):
+        for k in sizes:
+            per[k].append(retried(partial(compensation_round, b, k), f"compensation {k}"))
+    rt = bare_round_trip_ms(b, 20)
+    med = {k: median(v) for k, v in per.items()}
+    lo, hi = min(sizes), max(sizes)
+    per_undo = (med[hi] - med[lo]) / (hi - lo)
+    return {"ms_to_terminal": {str(k): v for k, v in med.items()},
+            "rounds_ms": {str(k): [round(x, 1) for x in v] for k, v in per.items()},
+            "per_undo_ms": per_undo, "bare_celery_round_trip_ms": rt,
+            "per_undo_vs_round_trip": per_undo / rt if rt else float("nan")}
+
+
+# -- 4. throughput with a big journal ------------------------------------------------
+
+
+def fill_journal(db_url: str, have: int, want: int) -> None:
+    """Bring both journals to ``want`` rows: 10-step COMPLETED sagas, generate_series."""
+    if want <= have:
+        return
+    a, z = have // 10, want // 10
+    url = db_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO sagaworker_sagas (saga_id, status, metadata, created_at, "
+                "updated_at, last_seq, exec_counter, finished_at) "
+                "SELECT 'fill-' || g, 'COMPLETED', '{}'::jsonb, now() - interval '1 day', "
+                "now() - interval '1 day', 10, 10, now() - interval '1 day' "
+                "FROM generate_series(%s::int, %s::int) g", (a, z - 1))
+            conn.execute(
+                "INSERT INTO sagaworker_entries (saga_id, seq, tool_name, phase, args, kwargs, "
+                "args_digest, task_id, result, attempts, created_at, updated_at, published_at, "
+                "started_at, executed_at, exec_order, duration_ms, in_doubt, "
+                "compensation_attempts) "
+                "SELECT 'fill-' || g, s, 'bench.sw.noop', 'EXECUTED', '[\"k\"]'::jsonb, "
+                "'{}'::jsonb, md5(g::text), md5(g::text || '-' || s), to_jsonb(s), 1, "
+                "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', "
+                "now() - interval '1 day', now() - interval '1 day', s, 0.1, false, 0 "
+                "FROM generate_series(%s::int, %s::int) g, generate_series(1, 10) s",
+                (a, z - 1))
+            conn.execute(
+                "INSERT INTO bench_minimal (id, phase, tool, args, result, created_at, "
+                "executed_at) SELECT gen_random_uuid(), 'EXECUTED', 'noop', '[\"k\"]'::jsonb, "
+                "'1'::jsonb, now() - interval '1 day', now() - interval '1 day' "
+                "FROM generate_series(1, %s::int)", ((z - a) * 10,))
+        conn.execute("VACUUM ANALYZE sagaworker_sagas")
+        conn.execute("VACUUM ANALYZE sagaworker_entries")
+        conn.execute("VACUUM ANALYZE bench_minimal")
+
+
+def journal_rows(db_url: str) -> int:
+    url = db_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM sagaworker_entries").fetchone()
+        return int(row[0]) if row else 0
+
+
+def big_journal(b: Bench, sizes: tuple[int, ...], n: int, rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    have = 0
+    for size in sizes:
+        t = time.perf_counter()
+        fill_journal(b.db_url, have, size)
+        have = max(have, size)
+        fill_s = time.perf_counter() - t
+        res = step_throughput(b, n, rounds)
+        res["rows_before"] = journal_rows(b.db_url)
+        res["fill_seconds"] = fill_s
+        out[str(size)] = res
+    return out
+
+
+# -- 6. fan-out ----------------------------------------------------------------------------
+
+
+def fan_out(b: Bench, k: int, rounds: int) -> dict[str, Any]:
+    system = b.systems["sagaworker"]
+    sw, noop = system.sw, system.tasks["noop"]
+
+    def once(many: bool) -> dict[str, float]:
+        key = b.tag("fan")
+        counter().delete(key)
+        saga = sw.begin(key)
+        t0 = time.perf_counter()
+        if many:
+            saga.enqueue_many([(noop, (key,), {})] * k)
+        else:
+            for _ in range(k):
+                saga.enqueue(noop, key)
+        t_pub = time.perf_counter() - t0
+        wait_counter(key, k, 120)
+        _wait_sql(system, "SELECT count(*) FROM sagaworker_entries WHERE saga_id = :s "
+                  "AND phase = 'EXECUTED'", {"s": key}, k)
+        total = time.perf_counter() - t0
+        counter().delete(key)
+        return {"enqueue_ms": t_pub * 1000, "all_executed_ms": total * 1000}
+
+    once(True)
+    once(False)
+    res: dict[str, list[dict[str, float]]] = {"enqueue_many": [], "one_by_one": []}
+    for _ in range(rounds):
+        res["enqueue_many"].append(retried(lambda: once(True), "fan-out many"))
+        res["one_by_one"].append(retried(lambda: once(False), "fan-out one by one"))
+    out: dict[str, Any] = {"k": k}
+    for name, rs in res.items():
+        out[name] = {m: median([x[m] for x in rs]) for m in ("enqueue_ms", "all_executed_ms")}
+    out["enqueue_speedup"] = median([o["enqueue_ms"] / m["enqueue_ms"] for m, o in
+                                     zip(res["enqueue_many"], res["one_by_one"], strict=True)])
+    out["end_to_end_speedup"] = median(
+        [o["all_executed_ms"] / m["all_executed_ms"]
+         for m, o in zip(res["enqueue_many"], res["one_by_one"], strict=True)])
+    return out
