@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench faults clean venv
+.PHONY: demo test lint bench faults clean venv web browser
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,web]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/sagaworker demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check sagaworker tasks config tests
+	$(BIN)/ruff check sagaworker tasks config tests webapp
 	$(BIN)/mypy
 
 test: lint
@@ -31,6 +31,14 @@ faults: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
+
+web: $(STAMP)
+	$(BIN)/flask --app webapp:create_app run
+
+# The dashboard's browser test needs Debian's chromium (CI installs it through this).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -29,9 +29,11 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _sqlite_immediate_transactions(engine)
         return engine
-    # pool_pre_ping: a PostgreSQL restart must cost a reconnect, not a failed step.
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
-                         pool_recycle=1800)
+    # No pool_pre_ping: it costs a round trip on every checkout (three per step). After a
+    # PostgreSQL restart the first statement on a stale connection fails, SQLAlchemy
+    # invalidates the whole pool, and the caller's transaction is replayed on a fresh one
+    # (``_journal.retrying`` on the worker side, ``Journal.write`` on the producer side).
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:

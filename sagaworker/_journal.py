@@ -103,6 +103,30 @@ class Journal:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
+    def write(self, body: Callable[[Connection], _T]) -> _T:
+        """Run ``body`` in a write transaction, replayed once on a lost connection.
+
+        Only a failure *before* COMMIT is replayed (nothing was written then); a failure
+        during COMMIT propagates, since replaying an insert whose commit may have landed
+        could journal a step twice.
+        """
+        for attempt in (1, 2):
+            with self.engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    value = body(conn)
+                except (OperationalError, InterfaceError):
+                    trans.rollback()
+                    if attempt == 2:
+                        raise
+                    continue
+                except BaseException:
+                    trans.rollback()
+                    raise
+                trans.commit()
+                return value
+        raise AssertionError("unreachable")
+
     def create_all(self) -> None:
         metadata.create_all(self.engine)
 
@@ -140,10 +164,9 @@ class Journal:
     def create_saga(self, saga_id: str, meta: dict[str, Any]) -> None:
         t = now()
         try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(sagas).values(
-                    saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
-                    created_at=t, updated_at=t, last_seq=0, exec_counter=0))
+            self.write(lambda conn: conn.execute(insert(sagas).values(
+                saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
+                created_at=t, updated_at=t, last_seq=0, exec_counter=0)))
         except IntegrityError as exc:
             raise SagaExists(
                 f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
@@ -154,7 +177,8 @@ class Journal:
         """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs."""
         t = now()
         gated = any(e.gated for e in new)
-        with self.engine.begin() as conn:
+
+        def body(conn: Connection) -> list[int]:
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
@@ -182,7 +206,9 @@ class Journal:
                 }
                 for i, e in enumerate(new)
             ])
-        return [first + i for i in range(len(new))]
+            return [first + i for i in range(len(new))]
+
+        return self.write(body)
 
     def _refuse_enqueue(self, conn: Connection, saga_id: str) -> NoReturn:
         row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)

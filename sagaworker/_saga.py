@@ -16,7 +16,7 @@ __all__ = ["Saga", "Step", "SyncSaga", "poll"]
 
 
 def poll(check: Callable[[], Any], timeout: float | None, what: str) -> Any:
-    """Call ``check`` until it returns something not None, backing off to 200 ms."""
+    """Call ``check`` until it returns something not None, backing off to 50 ms."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.005
     while True:
@@ -27,7 +27,7 @@ def poll(check: Callable[[], Any], timeout: float | None, what: str) -> Any:
             raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was changed")
         time.sleep(delay if deadline is None else max(0.0, min(delay,
                                                                  deadline - time.monotonic())))
-        delay = min(delay * 1.5, 0.2)
+        delay = min(delay * 1.5, 0.05)
 
 
 class Step:

@@ -99,12 +99,15 @@ class Transitions:
                     idempotent: bool, task_id: str | None) -> Claim:
         t = now()
         with self.j.engine.begin() as conn:
-            saga = self.j.lock_saga(conn, saga_id)
-            row = conn.execute(select(entries).where(entries.c.saga_id == saga_id,
-                                                     entries.c.seq == seq)).first()
-            if saga is None or row is None:
+            # One round trip: the entry, its saga's status, and the saga row lock.
+            row = conn.execute(
+                select(entries, sagas.c.status.label("saga_status"))
+                .join(sagas, sagas.c.saga_id == entries.c.saga_id)
+                .where(entries.c.saga_id == saga_id, entries.c.seq == seq)
+                .with_for_update(of=sagas)).first()
+            if row is None:
                 return Claim(Start.UNKNOWN)
-            status = SagaStatus(saga.status)
+            status = SagaStatus(row.saga_status)
             phase = Phase(row.phase)
             if phase is Phase.EXECUTED:
                 return Claim(Start.DONE, row=row, saga_status=status)

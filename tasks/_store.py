@@ -32,7 +32,7 @@ _engines: dict[str, Any] = {}
 
 
 def engine() -> Any:
-    from tasks import sw
+    from ._app import sw
 
     url = sw.settings.database_url
     if url not in _engines:

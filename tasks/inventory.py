@@ -5,7 +5,7 @@ from __future__ import annotations
 from sagaworker import CompensationContext, Reversibility
 
 from . import _store as store
-from . import sw
+from ._app import sw
 
 
 class OutOfStock(Exception):

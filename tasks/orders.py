@@ -6,7 +6,7 @@ from typing import Any
 
 from sagaworker import SagaResult
 
-from . import sw
+from ._app import sw
 from .inventory import reserve_inventory
 from .payment import charge_card
 from .shipping import dispatch_order, quote_shipping

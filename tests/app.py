@@ -11,11 +11,22 @@ import time
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import JSON, Column, DateTime, Integer, MetaData, String, Table, func, insert
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    func,
+    insert,
+)
 from sqlalchemy import select as _select
 
 from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
-from sagaworker._dialect import make_engine
+from sagaworker._dialect import normalize_url
 
 ledger_md = MetaData()
 ledger = Table("test_ledger", ledger_md,
@@ -30,7 +41,8 @@ _url: list[str] = []
 def engine(url: str | None = None) -> Any:
     url = url or _url[0]
     if url not in _engines:
-        _engines[url] = make_engine(url)
+        # the oracle is "the outside world": it reconnects on its own (pre-ping)
+        _engines[url] = create_engine(normalize_url(url), pool_pre_ping=True)
         ledger_md.create_all(_engines[url])
     return _engines[url]
 

@@ -105,8 +105,18 @@ def run_load(c: Cluster, scenario: str, *, inject: Callable[[threading.Event], i
     for e in errors:
         if e is not None:
             raise e
-    wait_for(lambda: all(retry(lambda sid=sid: c.sw.inspect(sid)).status.terminal
-                         for sid in ids), 240, f"every {scenario} saga to be terminal")
+    try:
+        wait_for(lambda: all(retry(lambda sid=sid: c.sw.inspect(sid)).status.terminal
+                             for sid in ids), 180, f"every {scenario} saga to be terminal")
+    except AssertionError as exc:
+        stuck = [c.sw.inspect(sid) for sid in ids]
+        stuck = [r for r in stuck if not r.status.terminal]
+        detail = "; ".join(
+            f"{r.saga_id} {r.status.value} " + ",".join(
+                f"{e.seq}:{e.phase.value}{'/lease' if e.attempts else ''}"
+                f"{'/' + e.compensation.value if e.compensation else ''}" for e in r.entries)
+            for r in stuck[:8])
+        raise AssertionError(f"{exc}: {len(stuck)} stuck, e.g. {detail}") from None
     figures = check(c, scenario, ids, injected[0] if injected else 0)
     figures.seconds = round(time.monotonic() - t0, 1)
     save(figures)
@@ -116,8 +126,8 @@ def run_load(c: Cluster, scenario: str, *, inject: Callable[[threading.Event], i
 def check(c: Cluster, scenario: str, ids: list[str], faults: int) -> Figures:
     f = Figures(scenario=scenario, broker=c.broker, sagas=len(ids), faults=faults)
     for sid in ids:
-        rec = c.sw.inspect(sid)
-        ledger = c.ledger(sid)
+        rec = retry(lambda sid=sid: c.sw.inspect(sid))
+        ledger = retry(lambda sid=sid: c.ledger(sid))
         eff: dict[str, int] = {}
         und: dict[str, int] = {}
         for r in ledger:
