@@ -11,7 +11,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
 from sqlalchemy.types import Float
 
-__all__ = ["aware", "make_engine", "normalize_url", "seconds_between"]
+__all__ = ["aware", "make_engine", "normalize_url", "seconds_between", "supports_dml_cte"]
 
 
 def normalize_url(url: str) -> str:
@@ -53,6 +53,11 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def supports_dml_cte(conn: Any) -> bool:
+    """PostgreSQL runs UPDATE ... RETURNING inside a WITH; SQLite does not."""
+    return bool(conn.dialect.name == "postgresql")
 
 
 def aware(dt: datetime | None) -> datetime | None:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from ._dialect import aware
+from ._dialect import aware, supports_dml_cte
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
 from ._logging import get_logger
 from ._schema import audit, entries, metadata, sagas
@@ -182,30 +182,25 @@ class Journal:
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
-            row = conn.execute(
-                update(sagas)
-                .where(sagas.c.saga_id == saga_id,
-                       sagas.c.status.in_([s.value for s in OPEN]),
-                       sagas.c.fail_requested_at.is_(None))
-                .values(**values)
-                .returning(sagas.c.last_seq)
-            ).first()
+            bump = (update(sagas)
+                    .where(sagas.c.saga_id == saga_id,
+                           sagas.c.status.in_([s.value for s in OPEN]),
+                           sagas.c.fail_requested_at.is_(None))
+                    .values(**values)
+                    .returning(sagas.c.last_seq))
+            if len(new) == 1 and supports_dml_cte(conn):
+                # One statement for the common case: bump the seq and insert the entry.
+                seq = conn.execute(_insert_one(bump.cte("bump"), saga_id, new[0], t)).scalar()
+                if seq is not None:
+                    return [int(seq)]
+                self._refuse_enqueue(conn, saga_id)
+            row = conn.execute(bump).first()
             if row is None:
                 self._refuse_enqueue(conn, saga_id)
             assert row is not None
             first = int(row[0]) - len(new) + 1
-            conn.execute(insert(entries), [
-                {
-                    "saga_id": saga_id, "seq": first + i, "tool_name": e.tool_name,
-                    "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
-                    "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
-                    "queue": e.queue, "task_id": e.task_id, "attempts": 0,
-                    "created_at": t, "updated_at": t, "in_doubt": False,
-                    "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
-                    "approval_requested_at": t if e.gated else None,
-                }
-                for i, e in enumerate(new)
-            ])
+            conn.execute(insert(entries),
+                         [_entry_values(saga_id, first + i, e, t) for i, e in enumerate(new)])
             return [first + i for i in range(len(new))]
 
         return self.write(body)
@@ -307,6 +302,28 @@ class Journal:
     def stale(self, query: Any) -> list[Any]:
         with self.engine.connect() as conn:
             return list(conn.execute(query).all())
+
+
+def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
+    return {
+        "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
+        "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
+        "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
+        "queue": e.queue, "task_id": e.task_id, "attempts": 0,
+        "created_at": t, "updated_at": t, "in_doubt": False,
+        "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
+        "approval_requested_at": t if e.gated else None,
+    }
+
+
+def _insert_one(bump: Any, saga_id: str, e: NewEntry, t: datetime) -> Any:
+    """INSERT ... SELECT from the seq-bumping UPDATE (a data-modifying CTE)."""
+    values = _entry_values(saga_id, None, e, t)
+    cols = [c for c in values if c != "seq"]
+    exprs = [literal(values[c], entries.c[c].type) for c in cols]
+    return (insert(entries)
+            .from_select(["seq", *cols], select(bump.c.last_seq, *exprs))
+            .returning(entries.c.seq))
 
 
 def _entry(row: Any) -> EntryRecord:

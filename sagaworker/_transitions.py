@@ -99,7 +99,24 @@ class Transitions:
                     idempotent: bool, task_id: str | None) -> Claim:
         t = now()
         with self.j.engine.begin() as conn:
-            # One round trip: the entry, its saga's status, and the saga row lock.
+            # Fast path, one statement: an attempt nobody holds, in an open saga. The entry
+            # row is the serialization point: begin_compensation cancels unstarted entries
+            # and the finalizer cancels released ones with compare-and-sets on that row,
+            # so a claim either lands first (the step runs, the chain waits for it) or
+            # finds the entry no longer INTENT and takes the full path below.
+            claimed = conn.execute(
+                update(entries)
+                .where(entries.c.saga_id == saga_id, entries.c.seq == seq,
+                       entries.c.phase == Phase.INTENT.value, entries.c.lease_until.is_(None),
+                       sagas.c.saga_id == entries.c.saga_id,
+                       sagas.c.status.in_([st.value for st in OPEN]))
+                .values(attempts=entries.c.attempts + 1, started_at=t,
+                        lease_until=t + timedelta(seconds=lease), worker=worker,
+                        task_id=func.coalesce(task_id, entries.c.task_id), updated_at=t)
+                .returning(*entries.c)).first()  # (SQLite returns the target table only)
+            if claimed is not None:
+                return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
+            # Full path: the entry, its saga's status, and the saga row lock.
             row = conn.execute(
                 select(entries, sagas.c.status.label("saga_status"))
                 .join(sagas, sagas.c.saga_id == entries.c.saga_id)
@@ -253,7 +270,12 @@ class Transitions:
                 self._in_doubt(conn, saga_id, p.seq)
                 doubted.append(p)
             else:
-                self.j.set_entry(conn, saga_id, p.seq, phase=Phase.CANCELLED.value)
+                n = self.j.set_entry(conn, saga_id, p.seq,
+                                     entries.c.phase == Phase.INTENT.value,
+                                     entries.c.lease_until.is_(None),
+                                     phase=Phase.CANCELLED.value)
+                if not n:  # a delivery claimed it meanwhile: it runs, the chain waits
+                    return UndoState(UndoClaim.WAITING, row=p)
         dirty = conn.execute(select(entries.c.tool_name).where(
             entries.c.saga_id == saga_id,
             entries.c.compensation == OutcomeResult.COMPENSATION_FAILED.value)
