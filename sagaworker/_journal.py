@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, func, insert, literal, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from ._dialect import aware, supports_dml_cte
@@ -179,6 +179,14 @@ class Journal:
         gated = any(e.gated for e in new)
 
         def body(conn: Connection) -> list[int]:
+            if len(new) == 1 and supports_dml_cte(conn):
+                # One statement for the common case: bump the seq and insert the entry.
+                one = _entry_values(saga_id, None, new[0], t)
+                params = {f"p_{c}": one[c] for c in _ENTRY_COLS}
+                seq = conn.execute(_insert_one(new[0].gated), params).scalar()
+                if seq is not None:
+                    return [int(seq)]
+                self._refuse_enqueue(conn, saga_id)
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
@@ -188,12 +196,6 @@ class Journal:
                            sagas.c.fail_requested_at.is_(None))
                     .values(**values)
                     .returning(sagas.c.last_seq))
-            if len(new) == 1 and supports_dml_cte(conn):
-                # One statement for the common case: bump the seq and insert the entry.
-                seq = conn.execute(_insert_one(bump.cte("bump"), saga_id, new[0], t)).scalar()
-                if seq is not None:
-                    return [int(seq)]
-                self._refuse_enqueue(conn, saga_id)
             row = conn.execute(bump).first()
             if row is None:
                 self._refuse_enqueue(conn, saga_id)
@@ -316,13 +318,27 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str,
     }
 
 
-def _insert_one(bump: Any, saga_id: str, e: NewEntry, t: datetime) -> Any:
-    """INSERT ... SELECT from the seq-bumping UPDATE (a data-modifying CTE)."""
-    values = _entry_values(saga_id, None, e, t)
-    cols = [c for c in values if c != "seq"]
-    exprs = [literal(values[c], entries.c[c].type) for c in cols]
+_ENTRY_COLS = ("saga_id", "tool_name", "phase", "args", "kwargs", "args_digest", "queue",
+               "task_id", "attempts", "created_at", "updated_at", "in_doubt",
+               "compensation_attempts", "approval_nonce", "approval_requested_at")
+
+
+@functools.cache
+def _insert_one(gated: bool) -> Any:
+    """INSERT ... SELECT from the seq-bumping UPDATE (a data-modifying CTE), built once."""
+    values: dict[str, Any] = {"last_seq": sagas.c.last_seq + 1,
+                              "updated_at": bindparam("p_created_at")}
+    if gated:
+        values["status"] = SagaStatus.AWAITING_APPROVAL.value
+    bump = (update(sagas)
+            .where(sagas.c.saga_id == bindparam("p_saga_id"),
+                   sagas.c.status.in_([s.value for s in OPEN]),
+                   sagas.c.fail_requested_at.is_(None))
+            .values(**values)
+            .returning(sagas.c.last_seq)).cte("bump")
+    exprs = [bindparam(f"p_{c}", type_=entries.c[c].type) for c in _ENTRY_COLS]
     return (insert(entries)
-            .from_select(["seq", *cols], select(bump.c.last_seq, *exprs))
+            .from_select(["seq", *_ENTRY_COLS], select(bump.c.last_seq, *exprs))
             .returning(entries.c.seq))
 
 

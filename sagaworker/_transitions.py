@@ -5,6 +5,7 @@ Each function is one transaction that locks the saga row first (see ``_journal``
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -12,9 +13,9 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
-from ._dialect import aware
+from ._dialect import aware, supports_dml_cte
 from ._journal import Journal, now, retrying
 from ._schema import entries, sagas
 from ._types import OPEN, OutcomeResult, Phase, SagaStatus
@@ -80,6 +81,22 @@ def worker_gone(worker: str | None) -> bool:
     except PermissionError:
         return False
     return False
+
+
+@functools.cache
+def _executed_stmt() -> Any:
+    bump = (update(sagas).where(sagas.c.saga_id == bindparam("p_saga"))
+            .values(exec_counter=sagas.c.exec_counter + 1, updated_at=bindparam("p_t"))
+            .returning(sagas.c.exec_counter, sagas.c.status)).cte("bump")
+    return (update(entries)
+            .where(entries.c.saga_id == bindparam("p_saga"), entries.c.seq == bindparam("p_seq"),
+                   entries.c.phase == Phase.INTENT.value)
+            .values(phase=Phase.EXECUTED.value,
+                    result=bindparam("p_result", type_=entries.c.result.type),
+                    executed_at=bindparam("p_t"), updated_at=bindparam("p_t"),
+                    exec_order=select(bump.c.exec_counter).scalar_subquery(),
+                    lease_until=None, duration_ms=bindparam("p_ms"), error=None)
+            .returning(select(bump.c.status).scalar_subquery()))
 
 
 def _expired(lease: datetime | None, t: datetime) -> bool:
@@ -182,6 +199,15 @@ class Transitions:
     def executed(self, saga_id: str, seq: int, result: Any, duration_ms: float) -> SagaStatus:
         t = now()
         with self.j.engine.begin() as conn:
+            if supports_dml_cte(conn):
+                # One statement: take the saga row lock and the next execution order, and
+                # journal EXECUTED with it.
+                status = conn.execute(_executed_stmt(), {
+                    "p_saga": saga_id, "p_seq": seq, "p_t": t, "p_result": result,
+                    "p_ms": duration_ms}).scalar()
+                if status is not None:
+                    return SagaStatus(status)
+                return SagaStatus(self.j.lock_saga(conn, saga_id).status)
             row = conn.execute(
                 update(sagas).where(sagas.c.saga_id == saga_id)
                 .values(exec_counter=sagas.c.exec_counter + 1, updated_at=t)
