@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from celery import signals
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
@@ -94,13 +95,19 @@ class CeleryWiring:
         common = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
                   "queue": sw.settings.queue}
 
-        @app.task(name="sagaworker.saga_failed", **common)  # type: ignore[untyped-decorator]
-        def saga_failed(saga_id: str, reason: str | None = None) -> None:
-            sw.compensator.handle_failure(saga_id, reason)
+        def context(task: Any) -> Any:
+            return structlog.contextvars.bound_contextvars(task_id=task.request.id,
+                                                           worker=task.request.hostname)
 
-        @app.task(name="sagaworker.compensate", **common)  # type: ignore[untyped-decorator]
-        def compensate(saga_id: str) -> None:
-            sw.compensator.run_chain(saga_id)
+        @app.task(name="sagaworker.saga_failed", bind=True, **common)  # type: ignore[untyped-decorator]
+        def saga_failed(self: Any, saga_id: str, reason: str | None = None) -> None:
+            with context(self):
+                sw.compensator.handle_failure(saga_id, reason)
+
+        @app.task(name="sagaworker.compensate", bind=True, **common)  # type: ignore[untyped-decorator]
+        def compensate(self: Any, saga_id: str) -> None:
+            with context(self):
+                sw.compensator.run_chain(saga_id)
 
         @app.task(name="sagaworker.sweep", **common)  # type: ignore[untyped-decorator]
         def sweep() -> None:

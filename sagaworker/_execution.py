@@ -101,6 +101,9 @@ class Executor:
             log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
             return None
         row = claim.row
+        if claim.rerun:
+            log.warning("step_rerun", attempts=claim.attempt,
+                        detail="idempotent tool: its earlier attempt died with no outcome")
         problem = self._verify(spec, row, args, kwargs)
         if problem is not None:
             self.fail_step(saga_id, seq, spec.name, problem, task_id=task.request.id)

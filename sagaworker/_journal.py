@@ -254,6 +254,10 @@ class Journal:
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r}")
             status = SagaStatus(saga.status)
+            if status is SagaStatus.COMPLETED:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is COMPLETED; a completed saga is not undone. Begin a "
+                    "new saga for the correction")
             if status in OPEN and saga.fail_requested_at is None:
                 self.touch(conn, saga_id, fail_requested_at=now(), reason=reason)
             return status

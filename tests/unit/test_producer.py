@@ -118,3 +118,12 @@ def test_sagas_newest_first(sqlite_sw: Sagaworker) -> None:
     assert [r.saga_id for r in sqlite_sw.sagas()] == ["n-2", "n-1", "n-0"]
     assert [r.saga_id for r in sqlite_sw.sagas(status=SagaStatus.COMPLETED)] == ["n-1"]
     assert len(sqlite_sw.sagas(limit=2)) == 2
+
+
+def test_fail_after_complete_is_refused(sqlite_sw: Sagaworker) -> None:
+    """A COMPLETED saga cannot be failed: the error says to begin a correcting saga."""
+    saga = sqlite_sw.begin("o-7")
+    saga.complete()
+    with pytest.raises(SagaworkerError, match="COMPLETED"):
+        saga.fail("too late")
+    assert sqlite_sw.inspect("o-7").status is SagaStatus.COMPLETED
