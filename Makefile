@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/sagaworker demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check sagaworker tasks config tests webapp
+	$(BIN)/ruff check sagaworker tasks config tests webapp bench
 	$(BIN)/mypy
 
 test: lint
