@@ -14,7 +14,9 @@ from ._errors import (
     ToolFailed,
 )
 from ._execution import current_idempotency_key
+from ._jsonable import plain
 from ._logging import configure_logging
+from ._saga import Saga, Step, SyncSaga
 from ._settings import Settings
 from ._types import (
     ApprovalRequest,
@@ -43,6 +45,7 @@ __all__ = [
     "OutcomeResult",
     "Phase",
     "Reversibility",
+    "Saga",
     "SagaExists",
     "SagaNotFound",
     "SagaRecord",
@@ -51,8 +54,11 @@ __all__ = [
     "Sagaworker",
     "SagaworkerError",
     "Settings",
+    "Step",
+    "SyncSaga",
     "ToolFailed",
     "configure_logging",
     "current_idempotency_key",
+    "plain",
 ]
 __version__ = "0.1.0"

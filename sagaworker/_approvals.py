@@ -122,8 +122,10 @@ class Gate:
                     "arguments differ); nothing changed. Review the step and use the token "
                     "sw.pending_approvals() gives for it")
             if approve:
+                # published_at: the relay counts from the approval, not the original INTENT
                 j.set_entry(conn, saga_id, seq, phase=Phase.INTENT.value, approved_by=approver,
-                            approved_at=t, approved_digest=body["d"], approval_nonce=None)
+                            approved_at=t, approved_digest=body["d"], approval_nonce=None,
+                            published_at=t)
                 others = conn.execute(select(entries.c.seq).where(
                     entries.c.saga_id == saga_id,
                     entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from datetime import datetime
-from enum import Enum
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ._jsonable import plain
 from ._types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
 
 __all__ = ["console", "render_saga", "render_sagas", "to_json"]
@@ -26,25 +24,8 @@ _OUTCOME = {OutcomeResult.COMPENSATED: "green", OutcomeResult.SKIPPED: "yellow",
             OutcomeResult.COMPENSATION_FAILED: "bold red"}
 
 
-def _plain(o: Any) -> Any:
-    if isinstance(o, Enum):
-        return o.value
-    if isinstance(o, datetime):
-        return o.isoformat()
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        d = {f.name: _plain(getattr(o, f.name)) for f in dataclasses.fields(o)}
-        if hasattr(o, "dirty"):
-            d["dirty"] = [_plain(x) for x in o.dirty]
-        return d
-    if isinstance(o, list | tuple):
-        return [_plain(x) for x in o]
-    if isinstance(o, dict):
-        return {k: _plain(v) for k, v in o.items()}
-    return o
-
-
 def to_json(o: Any) -> str:
-    return json.dumps(_plain(o), indent=2, default=str)
+    return json.dumps(plain(o), indent=2, default=str)
 
 
 def _short(v: Any, n: int = 40) -> str:

@@ -171,33 +171,32 @@ def new_settings(database_url: str, broker_url: str, tmp: Path, **over: Any) -> 
     return Settings(**base)
 
 
-@pytest.fixture(scope="module", params=sorted(BROKERS))
-def cluster(request: pytest.FixtureRequest, pg_url: str,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """One worker (prefork, 2 processes) on PostgreSQL and a real broker."""
+def _cluster(request: pytest.FixtureRequest, pg_url: str,
+             tmp_path_factory: pytest.TempPathFactory, label: str,
+             **over: Any) -> Iterator[Cluster]:
     broker = BROKERS[request.param]
     need(request.param, _broker(broker))
-    tmp = tmp_path_factory.mktemp(f"cluster-{request.param}")
-    c = Cluster(new_settings(pg_url, broker, tmp), tmp, request.param)
+    tmp = tmp_path_factory.mktemp(f"{label}-{request.param}")
+    c = Cluster(new_settings(pg_url, broker, tmp, **over), tmp, request.param)
     c.start_worker()
     yield c
     c.stop_workers()
     c.cleanup_queues()
+
+
+@pytest.fixture(scope="module", params=sorted(BROKERS))
+def cluster(request: pytest.FixtureRequest, pg_url: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One worker (prefork, 2 processes) on PostgreSQL and a real broker."""
+    yield from _cluster(request, pg_url, tmp_path_factory, "cluster")
 
 
 @pytest.fixture(scope="module", params=sorted(BROKERS))
 def crash_cluster(request: pytest.FixtureRequest, pg_url: str,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Like `cluster`, with short leases and a fast sweeper, for crash and loss scenarios."""
-    broker = BROKERS[request.param]
-    need(request.param, _broker(broker))
-    tmp = tmp_path_factory.mktemp(f"crash-{request.param}")
-    c = Cluster(new_settings(pg_url, broker, tmp, redeliver_after=4, relay_after=2,
-                             sweep_interval=1), tmp, request.param)
-    c.start_worker()
-    yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    yield from _cluster(request, pg_url, tmp_path_factory, "crash", redeliver_after=4,
+                        relay_after=2, sweep_interval=1)
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:

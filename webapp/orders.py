@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from sagaworker import Sagaworker, SagaworkerError
+from sagaworker import Sagaworker, SagaworkerError, SyncSaga
 
 if TYPE_CHECKING:  # the handles sw.begin() gives; only their public methods are used
-    from sagaworker._saga import Saga, Step
+    from sagaworker import Saga
 
-__all__ = ["Order", "OrderFlow", "Runner", "StepCaller", "ValidationFailed",
+__all__ = ["Order", "OrderFlow", "Runner", "ValidationFailed",
            "default_flow", "parse_order", "saga_id_for"]
 
 log = structlog.get_logger("sagaworker.web")
 
-#: ``flow(order)`` gives the work function, called with a :class:`StepCaller`
+#: ``flow(order)`` gives the work function, called with a :class:`sagaworker.SyncSaga`
 OrderFlow = Callable[["Order"], Callable[[Any], Any]]
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -119,23 +119,6 @@ def default_flow(order: Order) -> Callable[[Any], Any]:
                       order.amount_cents)
 
 
-class StepCaller:
-    """What the work function is handed (the ``s`` of ``sw.saga``): enqueue and await."""
-
-    def __init__(self, saga: Saga, timeout: float) -> None:
-        self.saga, self.timeout = saga, timeout
-
-    @property
-    def saga_id(self) -> str:
-        return self.saga.saga_id
-
-    def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
-        return self.saga.enqueue(tool, *args, **kwargs).result(timeout=self.timeout)
-
-    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
-        return self.saga.enqueue(tool, *args, **kwargs)
-
-
 @dataclass
 class Runner:
     """Starts order sagas and drives each in its own thread."""
@@ -163,7 +146,7 @@ class Runner:
         with structlog.contextvars.bound_contextvars(saga_id=saga.saga_id):
             try:
                 try:
-                    work(StepCaller(saga, self.step_timeout))
+                    work(SyncSaga(saga, self.step_timeout))
                 except Exception as exc:
                     saga.fail(f"{type(exc).__name__}: {exc}")
                     return

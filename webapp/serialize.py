@@ -3,32 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import datetime
-from enum import Enum
 from typing import Any
 
-from sagaworker import ApprovalRequest, CompensationReport, SagaRecord
+from sagaworker import ApprovalRequest, SagaRecord, plain
 
 __all__ = ["approval_json", "plain", "saga_json"]
-
-
-def plain(o: Any) -> Any:
-    """``o`` as JSON-ready data (dataclasses become dicts, recursively)."""
-    if isinstance(o, Enum):
-        return o.value
-    if isinstance(o, datetime):
-        return o.isoformat()
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        d = {f.name: plain(getattr(o, f.name)) for f in dataclasses.fields(o)}
-        if isinstance(o, CompensationReport):
-            d["dirty"] = [plain(x) for x in o.dirty]
-        return d
-    if isinstance(o, list | tuple):
-        return [plain(x) for x in o]
-    if isinstance(o, dict):
-        return {str(k): plain(v) for k, v in o.items()}
-    return o
 
 
 def saga_json(rec: SagaRecord) -> dict[str, Any]:
