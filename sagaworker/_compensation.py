@@ -8,7 +8,7 @@ up exactly where the journal says, never skipping and never repeating an outcome
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -56,33 +56,36 @@ class Compensator:
 
     def _run_chain(self, saga_id: str) -> None:
         sw = self.sw
-        retries = sw.settings.compensation_retries
-        while True:
-            st = sw.transitions.claim_undo(saga_id, sw.settings.lease_seconds, worker_id())
-            if st.state is UndoClaim.FINISHED:
-                self._finished(saga_id, st)
-                return
-            if st.state is not UndoClaim.CLAIMED:
-                return
+        lease, me = sw.settings.lease_seconds, worker_id()
+        st = sw.transitions.claim_undo(saga_id, lease, me)
+        while st.state is UndoClaim.CLAIMED:
             row = st.row
             with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=row.seq,
                                                          tool=row.tool_name):
-                if not self._undo_one(saga_id, st, retries):
-                    return
+                outcome = self._try(saga_id, st)
+                if outcome is None:
+                    return  # a retry is scheduled
+                # the outcome and the next claim share one transaction (one per undo)
+                recorded, st = sw.transitions.record_and_claim(saga_id, row.seq, *outcome,
+                                                               lease, me)
+                if recorded:  # else journaled by another chain already: never twice
+                    self._log_outcome(*outcome)
+        if st.state is UndoClaim.FINISHED:
+            self._finished(saga_id, st)
 
-    def _undo_one(self, saga_id: str, st: UndoState, retries: int) -> bool:
-        """One try of one undo; False when the chain must pause for a retry."""
+    def _try(self, saga_id: str, st: UndoState) -> tuple[OutcomeResult, str | None, int] | None:
+        """One try of one undo: its outcome, or None when it failed and will be retried."""
         sw, row = self.sw, st.row
         spec = sw.registry.tool(row.tool_name)
         if spec is None:
-            return self._outcome(saga_id, row, OutcomeResult.COMPENSATION_FAILED,
-                                 f"tool {row.tool_name!r} is not registered in this worker; "
-                                 "its undo could not run", st.attempt)
+            return (OutcomeResult.COMPENSATION_FAILED,
+                    f"tool {row.tool_name!r} is not registered in this worker; its undo could "
+                    "not run", st.attempt)
         if spec.gated:
-            return self._outcome(saga_id, row, OutcomeResult.SKIPPED, "irreversible", 0)
+            return OutcomeResult.SKIPPED, "irreversible", 0
         undo = sw.registry.undo_for(spec)
         if undo is None:
-            return self._outcome(saga_id, row, OutcomeResult.SKIPPED, "no undo declared", 0)
+            return OutcomeResult.SKIPPED, "no undo declared", 0
         ctx = CompensationContext(
             saga_id=saga_id, seq=row.seq, tool_name=row.tool_name, args=list(row.args or []),
             kwargs=dict(row.kwargs or {}), result=row.result, reason=st.reason,
@@ -95,31 +98,25 @@ class Compensator:
                 undo.fn()
         except Exception as exc:
             detail = f"{type(exc).__name__}: {exc}"
-            if st.attempt < 1 + retries:
+            if st.attempt < 1 + sw.settings.compensation_retries:
                 sw.transitions.release_undo(saga_id, row.seq, detail)
                 delay = self.backoff(st.attempt)
                 log.warning("compensation_retry", attempts=st.attempt, detail=detail,
                             retry_in_s=delay)
                 sw.send_compensate(saga_id, countdown=delay)
-                return False
-            return self._outcome(saga_id, row, OutcomeResult.COMPENSATION_FAILED, detail,
-                                 st.attempt)
+                return None
+            return OutcomeResult.COMPENSATION_FAILED, detail, st.attempt
         finally:
             current_compensation.reset(token)
-        return self._outcome(saga_id, row, OutcomeResult.COMPENSATED, None, st.attempt)
+        return OutcomeResult.COMPENSATED, None, st.attempt
 
-    def _outcome(self, saga_id: str, row: Any, result: OutcomeResult, detail: str | None,
-                 attempts: int) -> bool:
-        if not self.sw.transitions.record_undo(saga_id, row.seq, result, detail,
-                                               attempts=attempts):
-            return True  # journaled by another chain already: never produced twice
+    def _log_outcome(self, result: OutcomeResult, detail: str | None, attempts: int) -> None:
         if result is OutcomeResult.COMPENSATED:
             log.info("compensated", attempts=attempts)
         elif result is OutcomeResult.SKIPPED:
             log.warning("compensation_skipped", detail=detail)
         else:
             log.error("compensation_failed", dirty_state=True, detail=detail, attempts=attempts)
-        return True
 
     def _finished(self, saga_id: str, st: UndoState) -> None:
         for p in st.in_doubt:

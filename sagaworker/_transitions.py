@@ -259,30 +259,39 @@ class Transitions:
 
     def claim_undo(self, saga_id: str, lease: float, worker: str = "") -> UndoState:
         """Pick the latest-executed entry with no outcome and take its lease."""
+        with self.j.engine.begin() as conn:
+            return self._claim(conn, saga_id, now(), lease, worker)
+
+    def record_and_claim(self, saga_id: str, seq: int, result: OutcomeResult,
+                         detail: str | None, attempts: int, lease: float,
+                         worker: str) -> tuple[bool, UndoState]:
+        """Journal one outcome and claim the next undo in the same transaction."""
         t = now()
         with self.j.engine.begin() as conn:
-            saga = self.j.lock_saga(conn, saga_id)
-            if saga is None or saga.status != SagaStatus.COMPENSATING.value:
-                return UndoState(UndoClaim.NOT_COMPENSATING,
-                                 status=SagaStatus(saga.status) if saga else None)
-            self.j.touch(conn, saga_id, chain_touched_at=t)
-            row = conn.execute(
-                select(entries).where(entries.c.saga_id == saga_id,
-                                      entries.c.phase == Phase.EXECUTED.value,
-                                      entries.c.compensation.is_(None))
-                .order_by(entries.c.exec_order.desc()).limit(1)).first()
-            if row is not None:
-                lease_until = aware(row.comp_lease_until)
-                if lease_until is not None and lease_until > t and not worker_gone(
-                        row.comp_worker):
-                    return UndoState(UndoClaim.BUSY, row=row)
-                attempt = row.compensation_attempts + 1
-                self.j.set_entry(conn, saga_id, row.seq, compensation_attempts=attempt,
-                                 comp_lease_until=t + timedelta(seconds=lease),
-                                 comp_worker=worker)
-                return UndoState(UndoClaim.CLAIMED, row=row, attempt=attempt,
-                                 reason=saga.reason)
+            recorded = self._record(conn, saga_id, seq, result, detail, attempts, t)
+            return recorded, self._claim(conn, saga_id, t, lease, worker)
+
+    def _claim(self, conn: Any, saga_id: str, t: datetime, lease: float,
+               worker: str) -> UndoState:
+        saga = self.j.lock_saga(conn, saga_id)
+        if saga is None or saga.status != SagaStatus.COMPENSATING.value:
+            return UndoState(UndoClaim.NOT_COMPENSATING,
+                             status=SagaStatus(saga.status) if saga else None)
+        row = conn.execute(
+            select(entries).where(entries.c.saga_id == saga_id,
+                                  entries.c.phase == Phase.EXECUTED.value,
+                                  entries.c.compensation.is_(None))
+            .order_by(entries.c.exec_order.desc()).limit(1)).first()
+        if row is None:
             return self._finish(conn, saga_id, t)
+        lease_until = aware(row.comp_lease_until)
+        if lease_until is not None and lease_until > t and not worker_gone(row.comp_worker):
+            return UndoState(UndoClaim.BUSY, row=row)
+        attempt = row.compensation_attempts + 1
+        self.j.set_entry(conn, saga_id, row.seq, compensation_attempts=attempt,
+                         comp_lease_until=t + timedelta(seconds=lease), comp_worker=worker)
+        self.j.touch(conn, saga_id, chain_touched_at=t)
+        return UndoState(UndoClaim.CLAIMED, row=row, attempt=attempt, reason=saga.reason)
 
     def _finish(self, conn: Any, saga_id: str, t: datetime) -> UndoState:
         pending = conn.execute(select(entries).where(
@@ -316,15 +325,18 @@ class Transitions:
         """Journal an outcome once; False when one was already journaled."""
         with self.j.engine.begin() as conn:
             self.j.lock_saga(conn, saga_id)
-            order = conn.execute(select(func.count()).select_from(entries).where(
-                entries.c.saga_id == saga_id, entries.c.compensation.is_not(None))).scalar()
-            extra = {} if attempts is None else {"compensation_attempts": attempts}
-            n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
-                                 compensation=result.value, compensation_detail=detail,
-                                 compensated_at=now(), comp_lease_until=None,
-                                 comp_order=int(order or 0) + 1, **extra)
-            self.j.touch(conn, saga_id, chain_touched_at=now())
-            return n == 1
+            return self._record(conn, saga_id, seq, result, detail, attempts, now())
+
+    def _record(self, conn: Any, saga_id: str, seq: int, result: OutcomeResult,
+                detail: str | None, attempts: int | None, t: datetime) -> bool:
+        order = conn.execute(select(func.count()).select_from(entries).where(
+            entries.c.saga_id == saga_id, entries.c.compensation.is_not(None))).scalar()
+        extra = {} if attempts is None else {"compensation_attempts": attempts}
+        n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
+                             compensation=result.value, compensation_detail=detail,
+                             compensated_at=t, comp_lease_until=None,
+                             comp_order=int(order or 0) + 1, **extra)
+        return bool(n == 1)
 
     def release_undo(self, saga_id: str, seq: int, detail: str) -> None:
         with self.j.engine.begin() as conn:
@@ -351,5 +363,6 @@ class Transitions:
 
 
 for _name in ("claim_start", "release_attempt", "executed", "failed", "begin_compensation",
-              "claim_undo", "record_undo", "release_undo", "reopen_dirty", "heartbeat"):
+              "claim_undo", "record_and_claim", "record_undo", "release_undo",
+              "reopen_dirty", "heartbeat"):
     setattr(Transitions, _name, retrying(getattr(Transitions, _name)))
