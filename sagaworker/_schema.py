@@ -38,6 +38,8 @@ sagas = Table(
     Column("last_seq", Integer, nullable=False, default=0),
     # order of EXECUTED commits: bumped under the saga row lock with each EXECUTED
     Column("exec_counter", Integer, nullable=False, default=0),
+    # order of undo outcomes (the report's order): bumped with each outcome
+    Column("comp_counter", Integer, nullable=False, default=0, server_default="0"),
     # a failure was asked for (saga.fail or a FAILED step) but maybe not yet handled
     Column("fail_requested_at", _ts),
     Column("compensation_started_at", _ts),

@@ -268,12 +268,14 @@ class Transitions:
         """Journal one outcome and claim the next undo in the same transaction."""
         t = now()
         with self.j.engine.begin() as conn:
-            recorded = self._record(conn, saga_id, seq, result, detail, attempts, t)
-            return recorded, self._claim(conn, saga_id, t, lease, worker)
+            recorded, saga = self._record(conn, saga_id, seq, result, detail, attempts, t)
+            return recorded, self._claim(conn, saga_id, t, lease, worker, saga)
 
     def _claim(self, conn: Any, saga_id: str, t: datetime, lease: float,
-               worker: str) -> UndoState:
-        saga = self.j.lock_saga(conn, saga_id)
+               worker: str, saga: Any = None) -> UndoState:
+        touched = saga is not None
+        if saga is None:
+            saga = self.j.lock_saga(conn, saga_id)
         if saga is None or saga.status != SagaStatus.COMPENSATING.value:
             return UndoState(UndoClaim.NOT_COMPENSATING,
                              status=SagaStatus(saga.status) if saga else None)
@@ -290,7 +292,8 @@ class Transitions:
         attempt = row.compensation_attempts + 1
         self.j.set_entry(conn, saga_id, row.seq, compensation_attempts=attempt,
                          comp_lease_until=t + timedelta(seconds=lease), comp_worker=worker)
-        self.j.touch(conn, saga_id, chain_touched_at=t)
+        if not touched:
+            self.j.touch(conn, saga_id, chain_touched_at=t)
         return UndoState(UndoClaim.CLAIMED, row=row, attempt=attempt, reason=saga.reason)
 
     def _finish(self, conn: Any, saga_id: str, t: datetime) -> UndoState:
@@ -324,19 +327,23 @@ class Transitions:
                     *, attempts: int | None = None) -> bool:
         """Journal an outcome once; False when one was already journaled."""
         with self.j.engine.begin() as conn:
-            self.j.lock_saga(conn, saga_id)
-            return self._record(conn, saga_id, seq, result, detail, attempts, now())
+            return self._record(conn, saga_id, seq, result, detail, attempts, now())[0]
 
     def _record(self, conn: Any, saga_id: str, seq: int, result: OutcomeResult,
-                detail: str | None, attempts: int | None, t: datetime) -> bool:
-        order = conn.execute(select(func.count()).select_from(entries).where(
-            entries.c.saga_id == saga_id, entries.c.compensation.is_not(None))).scalar()
+                detail: str | None, attempts: int | None, t: datetime) -> tuple[bool, Any]:
+        """Journal one outcome; also takes the saga row lock and returns the saga row."""
+        saga = conn.execute(
+            update(sagas).where(sagas.c.saga_id == saga_id)
+            .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=t, updated_at=t)
+            .returning(sagas.c.comp_counter, sagas.c.status, sagas.c.reason)).first()
+        if saga is None:
+            return False, None
         extra = {} if attempts is None else {"compensation_attempts": attempts}
         n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
                              compensation=result.value, compensation_detail=detail,
                              compensated_at=t, comp_lease_until=None,
-                             comp_order=int(order or 0) + 1, **extra)
-        return bool(n == 1)
+                             comp_order=saga.comp_counter, **extra)
+        return bool(n == 1), saga
 
     def release_undo(self, saga_id: str, seq: int, detail: str) -> None:
         with self.j.engine.begin() as conn:

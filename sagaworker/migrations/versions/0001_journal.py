@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-02 17:38:08.642112
+Create Date: 2026-12-02 18:46:19.573850
 
 """
 from collections.abc import Sequence
@@ -41,6 +41,7 @@ def upgrade() -> None:
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('last_seq', sa.Integer(), nullable=False),
     sa.Column('exec_counter', sa.Integer(), nullable=False),
+    sa.Column('comp_counter', sa.Integer(), server_default='0', nullable=False),
     sa.Column('fail_requested_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('compensation_started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
