@@ -133,15 +133,16 @@ class Transitions:
                 .returning(*entries.c)).first()  # (SQLite returns the target table only)
             if claimed is not None:
                 return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
-            # Full path: the entry, its saga's status, and the saga row lock.
-            row = conn.execute(
-                select(entries, sagas.c.status.label("saga_status"))
-                .join(sagas, sagas.c.saga_id == entries.c.saga_id)
-                .where(entries.c.saga_id == saga_id, entries.c.seq == seq)
-                .with_for_update(of=sagas)).first()
-            if row is None:
+            # Full path: lock the saga row first, then read the entry in a statement of its
+            # own. (One joined SELECT ... FOR UPDATE OF sagas would read the entry from the
+            # snapshot taken before the lock wait, so two deliveries queued on the lock
+            # both saw the old lease and both ran the tool.)
+            saga = self.j.lock_saga(conn, saga_id)
+            row = conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                     entries.c.seq == seq)).first()
+            if saga is None or row is None:
                 return Claim(Start.UNKNOWN)
-            status = SagaStatus(row.saga_status)
+            status = SagaStatus(saga.status)
             phase = Phase(row.phase)
             if phase is Phase.EXECUTED:
                 return Claim(Start.DONE, row=row, saga_status=status)

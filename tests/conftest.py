@@ -111,6 +111,10 @@ class Cluster:
         self.workers.append((proc, log))
         return proc
 
+    def tool(self, name: str) -> Any:
+        """The Celery task of a test tool (tests/app.py) as the producer sees it."""
+        return self.sw.registry.tool(f"tests.app.{name}").task
+
     def stop_workers(self) -> None:
         for proc, _ in self.workers:
             if proc.poll() is None:

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.services
 T = 60
 
 
-def tool(c: Cluster, name: str) -> Any:
-    return c.sw.registry.tool(f"tests.app.{name}").task
-
-
 def token_for(sw: Sagaworker, saga_id: str, seq: int = 1) -> str:
     return next(p.token for p in sw.pending_approvals() if (p.saga_id, p.seq) == (saga_id, seq))
 
@@ -38,8 +34,8 @@ def gated(c: Cluster) -> tuple[str, Any, Any]:
     """A saga with one EXECUTED step and one gated `ship` step."""
     key = uid("g")
     saga = c.sw.begin(key)
-    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
-    ship = saga.enqueue(tool(c, "ship"), key, "parcel-1")
+    saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
+    ship = saga.enqueue(c.tool("ship"), key, "parcel-1")
     return key, saga, ship
 
 
@@ -53,7 +49,7 @@ def test_gate_holds_until_approved_then_runs(cluster: Cluster) -> None:
     assert cluster.sw.inspect(key).status is SagaStatus.AWAITING_APPROVAL
     # later work in another saga goes through the same worker: the gate still holds after it
     other = uid("o")
-    cluster.sw.begin(other).enqueue(tool(cluster, "step"), other, "x").result(timeout=T)
+    cluster.sw.begin(other).enqueue(cluster.tool("step"), other, "x").result(timeout=T)
     assert shipped(cluster, key) == 0
     assert cluster.sw.inspect(key).entries[1].phase is Phase.AWAITING_APPROVAL
     cluster.sw.approve(token_for(cluster.sw, key, 2), approver="alice")
@@ -193,7 +189,7 @@ def test_tampered_journal_arguments_are_caught_at_resume(cluster: Cluster,
 def test_synchronous_call_waits_for_the_decision(cluster: Cluster, decision: str) -> None:
     """s.call on a gated tool waits; approval returns its value, rejection raises into the work."""
     key = uid("sync")
-    step, ship = tool(cluster, "step"), tool(cluster, "ship")
+    step, ship = cluster.tool("step"), cluster.tool("ship")
     seen: list[str] = []
 
     def decide() -> None:

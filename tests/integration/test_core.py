@@ -20,10 +20,6 @@ pytestmark = pytest.mark.services
 T = 60
 
 
-def tool(c: Cluster, name: str) -> Any:
-    return c.sw.registry.tool(f"tests.app.{name}").task
-
-
 def ledger_kinds(c: Cluster, key: str) -> list[tuple[str, str]]:
     return [(r.kind, r.tool) for r in c.ledger(key)]
 
@@ -31,7 +27,7 @@ def ledger_kinds(c: Cluster, key: str) -> list[tuple[str, str]]:
 def test_completing_saga(cluster: Cluster) -> None:
     """A saga whose steps all succeed is COMPLETED with the work's value and no undo."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     res = cluster.sw.saga(key, lambda s: [s.call(step, key, n) for n in ("a", "b", "c")],
                           timeout=T)
     assert res.status is SagaStatus.COMPLETED
@@ -47,7 +43,7 @@ def test_completing_saga(cluster: Cluster) -> None:
 def test_failure_at_each_step_undoes_executed_in_reverse(cluster: Cluster, failing: int) -> None:
     """Failing step k undoes exactly steps k-1..1, in reverse, and leaves k FAILED."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     names = ["a", "b", "c"]
 
     def work(s: Any) -> None:
@@ -71,7 +67,7 @@ def test_failing_undo_leaves_dirty_state_and_the_chain_goes_on(cluster: Cluster)
     """An undo that always throws is tried 1+retries times, COMPENSATION_FAILED, and earlier
     undos still run; the logs carry the events alerting keys on."""
     key = uid("k")
-    step, broken = tool(cluster, "step"), tool(cluster, "broken_undo_step")
+    step, broken = cluster.tool("step"), cluster.tool("broken_undo_step")
 
     def work(s: Any) -> None:
         s.call(step, key, "a")
@@ -108,7 +104,7 @@ def test_failing_undo_leaves_dirty_state_and_the_chain_goes_on(cluster: Cluster)
 def test_tool_without_undo_is_skipped(cluster: Cluster) -> None:
     """A tool that declares no undo is SKIPPED (a warning), not an error."""
     key = uid("k")
-    lookup, step = tool(cluster, "lookup"), tool(cluster, "step")
+    lookup, step = cluster.tool("lookup"), cluster.tool("step")
     res = cluster.sw.saga(key, lambda s: (s.call(lookup, key), s.call(step, key, "x", fail=True)),
                           timeout=T)
     assert res.status is SagaStatus.COMPENSATED
@@ -122,7 +118,7 @@ def test_tool_without_undo_is_skipped(cluster: Cluster) -> None:
 def test_swallowed_tool_failure_still_compensates(cluster: Cluster) -> None:
     """The work catching ToolFailed and carrying on does not stop compensation."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
 
     def work(s: Any) -> str:
         s.call(step, key, "a")
@@ -138,7 +134,7 @@ def test_swallowed_tool_failure_still_compensates(cluster: Cluster) -> None:
 def test_zero_argument_undo(cluster: Cluster) -> None:
     """An undo that takes no arguments is called with none."""
     key = uid("k")
-    zero, step = tool(cluster, "zero_arg_undo_step"), tool(cluster, "step")
+    zero, step = cluster.tool("zero_arg_undo_step"), cluster.tool("step")
     res = cluster.sw.saga(key, lambda s: (s.call(zero, key), s.call(step, key, "x", fail=True)),
                           timeout=T)
     assert res.status is SagaStatus.COMPENSATED
@@ -149,7 +145,7 @@ def test_zero_argument_undo(cluster: Cluster) -> None:
 def test_context_carries_result_attempt_reason_and_stable_key(cluster: Cluster) -> None:
     """ctx.result is the journaled result, ctx.attempt counts tries, the key never changes."""
     key = uid("k")
-    flaky, step = tool(cluster, "flaky_undo_step"), tool(cluster, "step")
+    flaky, step = cluster.tool("flaky_undo_step"), cluster.tool("step")
     res = cluster.sw.saga(key, lambda s: (s.call(flaky, key, "f", 2),
                                           s.call(step, key, "x", fail=True)), timeout=T)
     assert res.status is SagaStatus.COMPENSATED
@@ -177,7 +173,7 @@ def test_ten_failure_messages_on_two_workers_give_one_chain(cluster: Cluster) ->
     if len(cluster.workers) < 2:
         cluster.start_worker()
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     saga = cluster.sw.begin(key)
     for n in ("a", "b", "c", "d"):
         saga.enqueue(step, key, n).result(timeout=T)
@@ -194,7 +190,7 @@ def test_ten_failure_messages_on_two_workers_give_one_chain(cluster: Cluster) ->
 def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> None:
     """A step still running when the chain began is undone once EXECUTED; the saga waits."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     saga = cluster.sw.begin(key)
     saga.enqueue(step, key, "fast").result(timeout=T)
     slow = saga.enqueue(step, key, "slow", sleep=3)
@@ -214,7 +210,7 @@ def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> N
 def test_steps_not_started_are_cancelled(cluster: Cluster) -> None:
     """Once compensating, tool tasks that had not started never run (CANCELLED)."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     saga = cluster.sw.begin(key)
     saga.enqueue(step, key, "a").result(timeout=T)
     # journal the failure first so the compare-and-set wins before the queued steps start
@@ -229,7 +225,7 @@ def test_steps_not_started_are_cancelled(cluster: Cluster) -> None:
 def test_async_form_across_handles(cluster: Cluster) -> None:
     """begin/enqueue/result/complete, sw.get in "another request", and status guards."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     saga = cluster.sw.begin(key, metadata={"customer": "c-9"})
     s1 = saga.enqueue(step, key, "a")
     assert s1.seq == 1 and s1.task_id
@@ -249,7 +245,7 @@ def test_async_form_across_handles(cluster: Cluster) -> None:
 def test_complete_refuses_while_a_step_is_unfinished(cluster: Cluster) -> None:
     """complete() refuses while a step runs; wait()/result() time out changing nothing."""
     key = uid("k")
-    step = tool(cluster, "step")
+    step = cluster.tool("step")
     saga = cluster.sw.begin(key)
     slow = saga.enqueue(step, key, "slow", sleep=2)
     with pytest.raises(SagaworkerError, match="not EXECUTED"):
@@ -264,7 +260,7 @@ def test_complete_refuses_while_a_step_is_unfinished(cluster: Cluster) -> None:
 def test_celery_retry_is_not_a_failure(cluster: Cluster) -> None:
     """A tool Celery retries after an exception becomes EXECUTED on a later attempt."""
     key = uid("k")
-    retried = tool(cluster, "retried")
+    retried = cluster.tool("retried")
     res = cluster.sw.saga(key, lambda s: s.call(retried, key, "r", 1), timeout=T)
     assert res.status is SagaStatus.COMPLETED
     e = cluster.sw.inspect(key).entries[0]
@@ -274,7 +270,7 @@ def test_celery_retry_is_not_a_failure(cluster: Cluster) -> None:
 def test_operator_redrive_reruns_only_failed_undos(cluster: Cluster) -> None:
     """retry_compensation re-runs only the COMPENSATION_FAILED undos, with the same key."""
     key = uid("k")
-    flaky, step = tool(cluster, "flaky_undo_step"), tool(cluster, "step")
+    flaky, step = cluster.tool("flaky_undo_step"), cluster.tool("step")
     res = cluster.sw.saga(key, lambda s: (s.call(step, key, "a"), s.call(flaky, key, "f", 3),
                                           s.call(step, key, "x", fail=True)), timeout=T)
     assert res.status is SagaStatus.COMPENSATION_FAILED
@@ -299,7 +295,7 @@ def test_worker_serves_prometheus_metrics(cluster: Cluster) -> None:
         port = sock.getsockname()[1]
     cluster.start_worker(concurrency=1, SAGAWORKER_METRICS_PORT=str(port))
     key = uid("k")
-    step, broken = tool(cluster, "step"), tool(cluster, "broken_undo_step")
+    step, broken = cluster.tool("step"), cluster.tool("broken_undo_step")
     res = cluster.sw.saga(key, lambda s: (s.call(broken, key, "m"),
                                           s.call(step, key, "x", fail=True)), timeout=T)
     assert res.status is SagaStatus.COMPENSATION_FAILED

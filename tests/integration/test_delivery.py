@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 from kombu import Connection, Exchange, Queue
@@ -18,10 +17,6 @@ from tests.conftest import ROOT, Cluster, uid, wait_for, worker_env
 
 pytestmark = pytest.mark.services
 T = 60
-
-
-def tool(c: Cluster, name: str) -> Any:
-    return c.sw.registry.tool(f"tests.app.{name}").task
 
 
 def effects(c: Cluster, key: str, name: str) -> int:
@@ -39,7 +34,7 @@ def test_redelivered_executed_step_is_not_run_again(crash_cluster: Cluster) -> N
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    step = saga.enqueue(tool(c, "step"), key, "a")
+    step = saga.enqueue(c.tool("step"), key, "a")
     assert step.result(timeout=T) == "a-done"
     for _ in range(3):
         republish(c, key, 1)
@@ -54,7 +49,7 @@ def test_duplicate_delivery_while_running_is_left_be(crash_cluster: Cluster) -> 
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    step = saga.enqueue(tool(c, "step"), key, "slow", sleep=2)
+    step = saga.enqueue(c.tool("step"), key, "slow", sleep=2)
     wait_for(lambda: c.sw.journal.entry_row(key, 1).started_at is not None, T, "start")
     republish(c, key, 1)
     assert step.result(timeout=T) == "slow-done"
@@ -74,8 +69,8 @@ def test_pool_child_killed_mid_tool_is_in_doubt(crash_cluster: Cluster) -> None:
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
-    saga.enqueue(tool(c, "step"), key, "doomed", sleep=30)
+    saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
+    saga.enqueue(c.tool("step"), key, "doomed", sleep=30)
     _kill_running_child(c, key, 2)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
@@ -94,7 +89,7 @@ def test_idempotent_step_is_run_again_with_the_same_key(crash_cluster: Cluster) 
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    step = saga.enqueue(tool(c, "idem"), key, "i", sleep=3)
+    step = saga.enqueue(c.tool("idem"), key, "i", sleep=3)
     _kill_running_child(c, key, 1)
     assert step.result(timeout=T) == "i"
     e = c.sw.inspect(key).entries[0]
@@ -122,7 +117,7 @@ def test_lost_failure_message_is_sent_again(crash_cluster: Cluster) -> None:
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
+    saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
     c.sw.journal.request_failure(key, "message lost on purpose")  # no message is sent
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
@@ -135,7 +130,7 @@ def test_stalled_chain_resumes_from_the_journal(crash_cluster: Cluster) -> None:
     key = uid("k")
     saga = c.sw.begin(key)
     for n in ("a", "b", "c"):
-        saga.enqueue(tool(c, "step"), key, n).result(timeout=T)
+        saga.enqueue(c.tool("step"), key, n).result(timeout=T)
     won, n, _ = c.sw.transitions.begin_compensation(key, "worker died holding the chain")
     assert won and n == 3  # COMPENSATING, but no chain message exists
     res = saga.wait(timeout=T)
@@ -148,8 +143,8 @@ def test_unjournalable_result_is_in_doubt(crash_cluster: Cluster) -> None:
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
-    saga.enqueue(tool(c, "step"), key, "a").result(timeout=T)
-    saga.enqueue(tool(c, "returns_object"), key)
+    saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
+    saga.enqueue(c.tool("returns_object"), key)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     e = c.sw.inspect(key).entries[1]
@@ -161,7 +156,7 @@ def test_poison_messages_are_dead_lettered_and_the_worker_serves_on(
         crash_cluster: Cluster) -> None:
     """Malformed envelopes and unknown sagas are rejected (dead-lettered on RabbitMQ)."""
     c = crash_cluster
-    task = tool(c, "step")
+    task = c.tool("step")
     bad = [{ENVELOPE: "garbage"}, {ENVELOPE: {"saga_id": "no-such-saga", "seq": 1}},
            {ENVELOPE: {"saga_id": 5, "seq": "x"}}]
     for kw in bad:

@@ -1,0 +1,66 @@
+"""Step claims racing on PostgreSQL row locks (no worker: the journal's own transitions)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from sqlalchemy import update
+
+from sagaworker import Sagaworker
+from sagaworker._journal import now
+from sagaworker._schema import entries
+from sagaworker._transitions import Start
+from tests.conftest import uid
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def pg_sw(pg_url: str) -> Iterator[Sagaworker]:
+    sw = Sagaworker(Celery("claims", broker="memory://"), database_url=pg_url)
+
+    @sw.tool(idempotent=True)
+    def idem(x: int) -> int:
+        return x
+
+    sw.producer.publish = lambda *a: True  # type: ignore[method-assign]
+    yield sw
+    sw.journal.engine.dispose()
+
+
+@pytest.mark.parametrize("lapsed", [False, True])
+def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed: bool) -> None:
+    """Deliveries released together from the saga row lock: exactly one runs the tool."""
+    saga_id = uid("claim")
+    saga = pg_sw.begin(saga_id)
+    saga.enqueue(pg_sw.registry.tool(next(iter(pg_sw.registry.tools))).task, 1)
+    if lapsed:  # an earlier attempt died: its lease lapsed with no outcome
+        with pg_sw.journal.engine.begin() as conn:
+            conn.execute(update(entries).where(entries.c.saga_id == saga_id).values(
+                attempts=1, started_at=now(), lease_until=now() - timedelta(seconds=5),
+                worker="elsewhere|1"))
+    results: list[Start] = []
+    hold = pg_sw.journal.engine.connect()
+    trans = hold.begin()
+    pg_sw.journal.lock_saga(hold, saga_id)  # every claimer below queues behind this lock
+
+    def claim(i: int) -> None:
+        c = pg_sw.transitions.claim_start(saga_id, 1, worker=f"w|{i}", lease=30,
+                                          idempotent=True, task_id=f"t{i}")
+        results.append(c.start)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # let them all block on the lock (the race needs them queued)
+    trans.commit()
+    hold.close()
+    for t in threads:
+        t.join(30)
+    assert sorted(r.value for r in results) == ["busy", "busy", "busy", "run"]
+    assert pg_sw.journal.entry_row(saga_id, 1).attempts == (2 if lapsed else 1)
