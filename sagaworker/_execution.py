@@ -141,12 +141,13 @@ class Executor:
             sent = args_digest(args, kwargs)
         except (TypeError, ValueError) as exc:
             return f"arguments are not JSON: {exc}"
-        journaled = args_digest(row.args or [], row.kwargs or {})
         if spec.gated:
+            # recomputed from the journal's arguments: an edit after approval must show
+            journaled = args_digest(row.args or [], row.kwargs or {})
             if not row.approved_by or row.approved_digest != journaled or sent != journaled:
                 return ("approval verification failed: the arguments no longer match the "
                         "approved step; not run. Start a new saga with the intended arguments")
-        elif sent != journaled:
+        elif sent != row.args_digest:  # the digest journaled with the INTENT
             return "the message's arguments do not match the journal; not run"
         if spec.signature is not None:
             try:

@@ -9,15 +9,14 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from ._dialect import aware, supports_dml_cte
@@ -79,10 +78,6 @@ def now() -> datetime:
 def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
     """Stable for one entry and purpose ("execute" or "compensate"), forever."""
     return str(uuid.uuid5(_NS, f"{saga_id}\x00{seq}\x00{purpose}"))
-
-
-def digest(canonical_json: str) -> str:
-    return hashlib.sha256(canonical_json.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -218,12 +213,6 @@ class Journal:
         raise SagaworkerError(
             f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
             "takes new steps: begin a new saga")
-
-    def mark_published(self, saga_id: str, seqs: Iterable[int]) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(update(entries).where(entries.c.saga_id == saga_id,
-                                               entries.c.seq.in_(list(seqs)))
-                         .values(published_at=now()))
 
     def complete(self, saga_id: str) -> None:
         with self.engine.begin() as conn:
@@ -382,10 +371,3 @@ def report_of(rows: Sequence[Any], recs: Sequence[EntryRecord]) -> CompensationR
                   for _, rec in done if rec.compensation is not None],
         in_doubt=[rec for rec in recs if rec.in_doubt],
     )
-
-
-def unfinished(conn: Connection, saga_id: str) -> Any:
-    return conn.execute(select(func.count()).select_from(entries).where(
-        entries.c.saga_id == saga_id,
-        entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))).scalar()
-

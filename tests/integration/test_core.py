@@ -207,19 +207,27 @@ def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> N
     assert res.error == "cancelled by customer"
 
 
-def test_steps_not_started_are_cancelled(cluster: Cluster) -> None:
-    """Once compensating, tool tasks that had not started never run (CANCELLED)."""
+def test_steps_not_started_are_cancelled(cluster: Cluster,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once compensating, a tool task that had not started never runs (CANCELLED)."""
     key = uid("k")
     step = cluster.tool("step")
     saga = cluster.sw.begin(key)
     saga.enqueue(step, key, "a").result(timeout=T)
-    # journal the failure first so the compare-and-set wins before the queued steps start
-    cluster.sw.transitions.begin_compensation(key, "stop")
-    with pytest.raises(SagaworkerError, match="COMPENSATING"):
-        saga.enqueue(step, key, "b")
-    cluster.sw.send_compensate(key)
+    held: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(cluster.sw.producer, "publish", lambda *a: held.append(a) or True)
+    saga.enqueue(step, key, "b")  # journaled INTENT, its message held back
+    monkeypatch.undo()
+    saga.fail("stop")
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
+    assert cluster.sw.inspect(key).entries[1].phase is Phase.CANCELLED
+    cluster.sw.producer.publish(*held[0])  # the late message arrives after all
+    wait_for(lambda: any(e["event"] == "step_finished" and e["seq"] == 2
+                         for e in cluster.events(key)), T, "the late message to be handled")
+    assert [r.tool for r in cluster.ledger(key) if r.kind == "effect"] == ["a"]
+    with pytest.raises(SagaworkerError, match="COMPENSATED"):
+        saga.enqueue(step, key, "c")
 
 
 def test_async_form_across_handles(cluster: Cluster) -> None:
