@@ -91,6 +91,8 @@ class Compensator:
             kwargs=dict(row.kwargs or {}), result=row.result, reason=st.reason,
             attempt=st.attempt, idempotency_key=idempotency_key(saga_id, row.seq, "compensate"))
         token = current_compensation.set(ctx)
+        beat = sw.executor.heartbeat
+        beat.hold(saga_id, row.seq, undo=True)
         try:
             if undo.takes_context:
                 undo.fn(ctx)
@@ -107,6 +109,7 @@ class Compensator:
                 return None
             return OutcomeResult.COMPENSATION_FAILED, detail, st.attempt
         finally:
+            beat.drop(saga_id, row.seq, undo=True)
             current_compensation.reset(token)
         return OutcomeResult.COMPENSATED, None, st.attempt
 

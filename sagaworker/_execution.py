@@ -16,7 +16,7 @@ from ._canonical import args_digest, check_json
 from ._errors import BadInput
 from ._journal import idempotency_key
 from ._logging import get_logger
-from ._transitions import Start, worker_id
+from ._transitions import Held, Start, worker_id
 from ._types import OPEN, SagaStatus
 
 if TYPE_CHECKING:
@@ -188,7 +188,8 @@ def _envelope(env: Any) -> tuple[str, int]:
 
 
 class Heartbeat:
-    """Keeps the leases of running attempts fresh, so a long tool is never taken for dead.
+    """Keeps the leases of running attempts and undos fresh, so a long tool or undo is
+    never taken for dead (and never run a second time beside itself).
 
     One daemon thread per process, started on first use and again after a fork (prefork
     children inherit no threads).
@@ -196,21 +197,21 @@ class Heartbeat:
 
     def __init__(self, sw: Sagaworker) -> None:
         self.sw = sw
-        self.held: set[tuple[str, int]] = set()
+        self.held: set[Held] = set()
         self.lock = threading.Lock()
         self.pid = 0
 
-    def hold(self, saga_id: str, seq: int) -> None:
+    def hold(self, saga_id: str, seq: int, *, undo: bool = False) -> None:
         with self.lock:
-            self.held.add((saga_id, seq))
+            self.held.add((saga_id, seq, undo))
             if self.pid != os.getpid():
                 self.pid = os.getpid()
                 threading.Thread(target=self._beat, daemon=True,
                                  name="sagaworker-heartbeat").start()
 
-    def drop(self, saga_id: str, seq: int) -> None:
+    def drop(self, saga_id: str, seq: int, *, undo: bool = False) -> None:
         with self.lock:
-            self.held.discard((saga_id, seq))
+            self.held.discard((saga_id, seq, undo))
 
     def _beat(self) -> None:
         lease = self.sw.settings.lease_seconds

@@ -20,7 +20,8 @@ from ._journal import Journal, now, retrying
 from ._schema import entries, sagas
 from ._types import OPEN, OutcomeResult, Phase, SagaStatus
 
-__all__ = ["Claim", "Start", "Transitions", "UndoClaim", "UndoState", "worker_gone", "worker_id"]
+__all__ = ["Claim", "Held", "Start", "Transitions", "UndoClaim", "UndoState", "worker_gone",
+           "worker_id"]
 
 
 class Start(Enum):
@@ -60,6 +61,10 @@ class UndoState:
     reason: str | None = None
     dirty_tools: tuple[str, ...] = ()
     in_doubt: tuple[Any, ...] = ()
+
+
+#: what a process holds a lease on: (saga id, seq, True for an undo / False for an attempt)
+Held = tuple[str, int, bool]
 
 
 def worker_id() -> str:
@@ -181,15 +186,25 @@ class Transitions:
                          error="in doubt: the attempt's worker was lost before an outcome "
                                "was journaled; the effect may or may not have happened")
 
-    def heartbeat(self, held: list[tuple[str, int]], worker: str, lease: float) -> None:
-        """Extend the leases of the attempts this process is running."""
-        until = now() + timedelta(seconds=lease)
-        with self.j.engine.begin() as conn:
-            for saga_id, seq in held:
-                conn.execute(update(entries).where(
-                    entries.c.saga_id == saga_id, entries.c.seq == seq,
-                    entries.c.phase == Phase.INTENT.value, entries.c.worker == worker)
-                    .values(lease_until=until))
+    def heartbeat(self, held: list[Held], worker: str, lease: float) -> None:
+        """Extend the leases of the attempts and undos this process is running.
+
+        One short transaction each, taking locks in the order every other transition
+        does (saga row, then entry row), so a beat never deadlocks with a chain.
+        """
+        t = now()
+        until = t + timedelta(seconds=lease)
+        for saga_id, seq, undo in held:
+            with self.j.engine.begin() as conn:
+                if undo:  # the chain moves: the sweeper leaves it be
+                    self.j.touch(conn, saga_id, chain_touched_at=t)
+                    self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
+                                     entries.c.comp_worker == worker, comp_lease_until=until)
+                else:
+                    conn.execute(update(entries).where(
+                        entries.c.saga_id == saga_id, entries.c.seq == seq,
+                        entries.c.phase == Phase.INTENT.value, entries.c.worker == worker)
+                        .values(lease_until=until))
 
     def release_attempt(self, saga_id: str, seq: int, error: str) -> None:
         """An attempt raised and Celery may retry it: it ended, so it is not in doubt."""

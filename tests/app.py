@@ -24,6 +24,7 @@ from sqlalchemy import (
     insert,
 )
 from sqlalchemy import select as _select
+from sqlalchemy.exc import IntegrityError
 
 from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
 from sagaworker._dialect import normalize_url
@@ -33,6 +34,9 @@ ledger = Table("test_ledger", ledger_md,
                Column("id", Integer, primary_key=True, autoincrement=True),
                Column("key", String(200), index=True), Column("kind", String(20)),
                Column("tool", String(100)), Column("detail", JSON),
+               # an idempotency key an effect was applied under: unique, as a payment
+               # provider keeps its Idempotency-Key, so a repeat is seen and not applied
+               Column("idem", String(200), unique=True),
                Column("at", DateTime(timezone=True), server_default=func.now()))
 _engines: dict[str, Any] = {}
 _url: list[str] = []
@@ -50,6 +54,19 @@ def engine(url: str | None = None) -> Any:
 def record(key: str, kind: str, tool: str, **detail: Any) -> None:
     with engine().begin() as conn:
         conn.execute(insert(ledger).values(key=key, kind=kind, tool=tool, detail=detail))
+
+
+def record_once(idem: str, key: str, kind: str, tool: str, **detail: Any) -> bool:
+    """Apply an effect under an idempotency key: once. A repeat is written as ``repeat``
+    (with its own details), so the tests see every try and that it changed nothing."""
+    try:
+        with engine().begin() as conn:
+            conn.execute(insert(ledger).values(key=key, kind=kind, tool=tool, detail=detail,
+                                               idem=idem))
+        return True
+    except IntegrityError:
+        record(key, "repeat", tool, of=kind, idem=idem, **detail)
+        return False
 
 
 def count(key: str, kind: str, tool: str) -> int:
@@ -97,10 +114,26 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
 
     @sw.compensation
     def undo_step(ctx: CompensationContext) -> None:
+        """Idempotent, as SPEC 4 asks of undos: keyed by ``ctx.idempotency_key``, so a try
+        repeated after a crash (effect applied, outcome not yet journaled) changes nothing."""
         if os.environ.get("TEST_UNDO_SLEEP"):
             time.sleep(float(os.environ["TEST_UNDO_SLEEP"]))
-        record(ctx.args[0], "undo", ctx.args[1], result=ctx.result, attempt=ctx.attempt,
-               reason=ctx.reason, idempotency_key=ctx.idempotency_key, seq=ctx.seq)
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1], result=ctx.result,
+                    attempt=ctx.attempt, reason=ctx.reason,
+                    idempotency_key=ctx.idempotency_key, seq=ctx.seq)
+
+    @sw.tool(compensable_by="undo_then_pause")
+    def slow_undo_step(key: str, name: str, pause: float) -> str:
+        record(key, "effect", name)
+        return name
+
+    @sw.compensation
+    def undo_then_pause(ctx: CompensationContext) -> None:
+        """Applies its undo (idempotently), then holds the chain for ``pause`` seconds on
+        its first try: the window in which a crash leaves the outcome unjournaled."""
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1], attempt=ctx.attempt)
+        if ctx.attempt == 1:
+            time.sleep(ctx.args[2])
 
     @sw.tool(compensable_by="undo_broken", reversibility=Reversibility.REVERSIBLE)
     def broken_undo_step(key: str, name: str) -> str:

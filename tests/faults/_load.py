@@ -1,8 +1,14 @@
 """Load and oracle for the fault suite: many concurrent sagas, then every invariant checked.
 
 The oracle is the ledger the test tools write themselves (tests/app.py): an effect row
-when a tool's effect happens, an undo row when its undo runs. The journal is checked
+when a tool's effect happens, an undo row when its undo is applied. The journal is checked
 against it, never against itself.
+
+The test undo is idempotent, as SPEC 4 asks of every undo: it applies under its
+``idempotency_key``, and a try repeated after a crash (the undo ran, its worker died before
+the outcome committed) is written as a ``repeat`` row and changes nothing. Repeats are
+counted (``undo_retries``), never accepted as a second undo, and each must carry its own
+journaled attempt number: two tries under one claim would mean two ran at once.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Figures:
     effects_lost: int = 0
     effects_duplicated: int = 0
     undos_duplicated: int = 0
+    undo_retries: int = 0
     in_doubt: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -130,10 +137,13 @@ def check(c: Cluster, scenario: str, ids: list[str], faults: int) -> Figures:
         ledger = retry(lambda sid=sid: c.ledger(sid))
         eff: dict[str, int] = {}
         und: dict[str, int] = {}
+        tries: dict[str, list[int]] = {}
         for r in ledger:
             bucket = eff if r.kind == "effect" else und if r.kind == "undo" else None
             if bucket is not None:
                 bucket[r.tool] = bucket.get(r.tool, 0) + 1
+            if r.kind == "undo" or (r.kind == "repeat" and r.detail.get("of") == "undo"):
+                tries.setdefault(r.tool, []).append(r.detail["attempt"])
         f.completed += rec.status is SagaStatus.COMPLETED
         f.compensated += rec.status is SagaStatus.COMPENSATED
         f.compensation_failed += rec.status is SagaStatus.COMPENSATION_FAILED
@@ -149,6 +159,10 @@ def check(c: Cluster, scenario: str, ids: list[str], faults: int) -> Figures:
             if n_undo > 1:
                 f.undos_duplicated += 1
                 f.problems.append(f"{where}: undo ran {n_undo} times")
+            attempts = tries.get(name, [])
+            f.undo_retries += max(len(attempts) - 1, 0)
+            if len(set(attempts)) != len(attempts):
+                f.problems.append(f"{where}: two undo tries under one claim {attempts}")
             if e.in_doubt:
                 f.in_doubt += 1
                 if n_undo:

@@ -26,8 +26,8 @@ DESCRIPTION = {
 def main() -> None:
     data = json.loads(OUTPUT.read_text())
     out = ["| scenario | broker | sagas | faults injected | completed / compensated | "
-           "effects | lost | duplicated (effect / undo) | in doubt | s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "effects | lost | duplicated (effect / undo) | in doubt | undo re-tried | s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(data):
         f = data[key]
         if f["scenario"] not in DESCRIPTION:
@@ -35,7 +35,8 @@ def main() -> None:
         out.append(f"| {f['scenario']} | {f['broker']} | {f['sagas']} | {f['faults']} | "
                    f"{f['completed']} / {f['compensated']} | {f['effects']} | "
                    f"{f['effects_lost']} | {f['effects_duplicated']} / "
-                   f"{f['undos_duplicated']} | {f['in_doubt']} | {f['seconds']} |")
+                   f"{f['undos_duplicated']} | {f['in_doubt']} | {f.get('undo_retries', 0)} | "
+                   f"{f['seconds']} |")
     sys.stdout.write("\n".join(out) + "\n")
 
 

@@ -182,6 +182,7 @@ def test_ten_failure_messages_on_two_workers_give_one_chain(cluster: Cluster) ->
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     assert [r.tool for r in cluster.ledger(key) if r.kind == "undo"] == ["d", "c", "b", "a"]
+    assert [r for r in cluster.ledger(key) if r.kind == "repeat"] == []  # no undo tried twice
     started = wait_for(lambda: [e for e in cluster.events(key)
                                 if e["event"] == "compensation_started"], 10, "chain start")
     assert len(started) == 1 and started[0]["entries"] == 4

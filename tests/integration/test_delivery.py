@@ -136,6 +136,47 @@ def test_stalled_chain_resumes_from_the_journal(crash_cluster: Cluster) -> None:
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["c", "b", "a"]
+    assert [r for r in c.ledger(key) if r.kind == "repeat"] == []
+
+
+def test_undo_longer_than_its_lease_runs_once(crash_cluster: Cluster) -> None:
+    """An undo taking 3x the lease (4 s) keeps its lease by heartbeat: the sweeper, which
+    looks for stalled chains every second, never starts a second try beside it."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    saga.enqueue(c.tool("slow_undo_step"), key, "long", 12.0).result(timeout=T)
+    saga.fail("slow undo")
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [(r.kind, r.detail["attempt"]) for r in c.ledger(key) if r.kind != "effect"] == [
+        ("undo", 1)]
+    assert c.sw.inspect(key).entries[0].compensation_attempts == 1
+    assert not [e for e in c.events(key) if e["event"] == "compensation_resumed"]
+
+
+def test_undo_killed_before_its_outcome_committed_is_tried_again(
+        crash_cluster: Cluster) -> None:
+    """SPEC 4: the undo ran, its process died before COMPENSATED committed. The undo is
+    tried again (attempt 2, the same idempotency key), so it must be idempotent; the
+    outcome is journaled once."""
+    c = crash_cluster
+    key = uid("k")
+    saga = c.sw.begin(key)
+    saga.enqueue(c.tool("slow_undo_step"), key, "u", 60.0).result(timeout=T)
+    saga.fail("kill the undo")
+    wait_for(lambda: any(r.kind == "undo" for r in c.ledger(key)), T, "the undo to apply")
+    row = c.sw.journal.entry_row(key, 1)
+    os.kill(int(row.comp_worker.rpartition("|")[2]), signal.SIGKILL)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    tries = [(r.kind, r.detail["attempt"], r.detail.get("idem"))
+             for r in c.ledger(key) if r.kind != "effect"]
+    assert [t[:2] for t in tries] == [("undo", 1), ("repeat", 2)]
+    assert tries[1][2] == c.ledger(key)[1].idem  # the same key both times
+    e = c.sw.inspect(key).entries[0]
+    assert e.compensation is OutcomeResult.COMPENSATED and e.compensation_attempts == 2
+    assert [o.attempts for o in res.report.outcomes] == [2]
 
 
 def test_unjournalable_result_is_in_doubt(crash_cluster: Cluster) -> None:
