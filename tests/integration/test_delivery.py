@@ -90,6 +90,9 @@ def test_idempotent_step_is_run_again_with_the_same_key(crash_cluster: Cluster) 
     key = uid("k")
     saga = c.sw.begin(key)
     step = saga.enqueue(c.tool("idem"), key, "i", sleep=3)
+    # kill inside the tool body: the attempt is journaled as started before the body
+    # writes its "try" row, so killing on started_at alone can land before that row
+    wait_for(lambda: [r for r in c.ledger(key) if r.kind == "try"], T, "the first try")
     _kill_running_child(c, key, 1)
     assert step.result(timeout=T) == "i"
     e = c.sw.inspect(key).entries[0]
