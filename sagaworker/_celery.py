@@ -14,6 +14,11 @@ from kombu import Exchange, Queue  # type: ignore[attr-defined]
 from ._errors import ConfigurationError
 from ._logging import configure_logging, get_logger
 
+# kombu loads the class by this path for redis:// brokers (see _redis.py). Not for
+# rediss://: kombu turns on TLS by that scheme name, and a class path has no scheme
+REDIS_TRANSPORT = "sagaworker._redis:Transport"
+SCHEMES = ("redis",)
+
 if TYPE_CHECKING:
     from ._core import Sagaworker
 
@@ -43,6 +48,10 @@ class CeleryWiring:
         if not conf.broker_url:
             conf.broker_url = s.broker_url
         opts = dict(conf.broker_transport_options or {})
+        scheme = str(conf.broker_url).partition("://")[0]
+        if scheme in SCHEMES and not conf.broker_transport:
+            # kombu's Redis transport, with its connection-loss crash made recoverable
+            conf.broker_transport = REDIS_TRANSPORT
         if str(conf.broker_url).startswith("filesystem"):
             folder = os.path.abspath(s.broker_folder)
             for sub in ("out", "processed"):

@@ -199,3 +199,28 @@ def test_duplicate_tool_deliveries(fault_cluster: Cluster) -> None:
     f.faults = 2 * f.steps  # two extra deliveries of every step
     save(f)
 
+
+
+@pytest.mark.parametrize("fault_cluster", ["redis"], indirect=True)
+def test_worker_outlives_redis_down_with_unacked_messages(fault_cluster: Cluster) -> None:
+    """Redis goes away while the worker holds unacknowledged messages and stays down past
+    the worker's first reconnect: the worker process keeps running and reconnects, and the
+    steps it held still reach EXECUTED (the relay republishes what Redis lost)."""
+    from sagaworker import Phase
+    from tests.conftest import uid, wait_for
+
+    c = fault_cluster
+    proc = c.workers[0][0]
+    key = uid("k")
+    saga = c.sw.begin(key)
+    steps = [saga.enqueue(c.tool("step"), key, f"s{i}", sleep=3) for i in range(4)]
+    wait_for(lambda: all(c.sw.journal.entry_row(key, s.seq).started_at for s in steps), 30,
+             "four steps running, their messages unacknowledged")
+    try:
+        services.restart_redis(down_for=6)
+    finally:
+        services.start_redis()
+    for s in steps:
+        assert s.result(timeout=60).endswith("-done")
+    assert proc.poll() is None, f"the worker exited with {proc.returncode}"
+    assert all(e.phase is Phase.EXECUTED for e in c.sw.inspect(key).entries)
