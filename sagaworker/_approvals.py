@@ -7,20 +7,19 @@ import hashlib
 import hmac
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
 from ._canonical import args_digest
 from ._dialect import aware
-from ._errors import ApprovalInvalid, ConfigurationError
+from ._errors import ApprovalInvalid, BadInput, ConfigurationError
 from ._journal import now
+from ._lifecycle import move
 from ._logging import get_logger
-from ._schema import entries
-from ._types import ApprovalRequest, Phase, SagaStatus
-
-if TYPE_CHECKING:
-    from ._core import Sagaworker
+from ._runtime import Runtime
+from ._schema import entries, sagas
+from ._types import OPEN, ApprovalRequest, Phase, SagaStatus
 
 __all__ = ["Gate", "Signer"]
 
@@ -38,6 +37,10 @@ def _unb64(text: str) -> bytes:
 class Signer:
     def __init__(self, secret: str | None, ttl: float) -> None:
         self.secret, self.ttl = secret, ttl
+
+    def check(self) -> None:
+        """Raise ConfigurationError when approvals cannot work (no secret)."""
+        self._key()
 
     def _key(self) -> bytes:
         if not self.secret:
@@ -76,18 +79,22 @@ class Signer:
 
 
 class Gate:
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
 
     @property
     def signer(self) -> Signer:
-        return Signer(self.sw.settings.approval_secret, self.sw.settings.approval_ttl)
+        return Signer(self.rt.settings.approval_secret, self.rt.settings.approval_ttl)
 
     def pending(self) -> list[ApprovalRequest]:
+        """Open gates of sagas never asked to fail (a failing saga's gates are closed)."""
         signer = self.signer
-        with self.sw.journal.engine.connect() as conn:
-            rows = conn.execute(select(entries).where(
-                entries.c.phase == Phase.AWAITING_APPROVAL.value)
+        with self.rt.journal.engine.connect() as conn:
+            rows = conn.execute(select(entries).join(
+                sagas, sagas.c.saga_id == entries.c.saga_id).where(
+                entries.c.phase == Phase.AWAITING_APPROVAL.value,
+                sagas.c.status.in_([s.value for s in OPEN]),
+                sagas.c.fail_requested_at.is_(None))
                 .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
             ).all()
         return [ApprovalRequest(
@@ -99,9 +106,12 @@ class Gate:
 
     def decide(self, token: str, *, approver: str, approve: bool,
                reason: str | None = None) -> tuple[str, int]:
+        if not isinstance(approver, str) or not approver.strip():
+            raise BadInput("approver is required: pass approver='<who decided>' (a non-empty "
+                           "string, journaled and logged with the decision); nothing changed")
         body = self.signer.verify(token)
         saga_id, seq = body["s"], body["q"]
-        j = self.sw.journal
+        j = self.rt.journal
         t = now()
         with j.engine.begin() as conn:
             saga = j.lock_saga(conn, saga_id)
@@ -121,32 +131,40 @@ class Gate:
                     f"approval token does not match saga {saga_id!r} step {seq} (tool or "
                     "arguments differ); nothing changed. Review the step and use the token "
                     "sw.pending_approvals() gives for it")
+            if saga.fail_requested_at is not None or SagaStatus(saga.status) not in OPEN:
+                # Gates close once a saga was asked to fail: an IRREVERSIBLE effect never
+                # happens for a failing saga (the compensation chain cancels the gate).
+                raise ApprovalInvalid(
+                    f"saga {saga_id!r} is {saga.status} and was asked to fail "
+                    f"({saga.reason or 'no reason given'}); its gates are closed, nothing "
+                    "changed")
             if approve:
                 # published_at: the relay counts from the approval, not the original INTENT
-                j.set_entry(conn, saga_id, seq, phase=Phase.INTENT.value, approved_by=approver,
+                j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
+                            approved_by=approver,
                             approved_at=t, approved_digest=body["d"], approval_nonce=None,
                             published_at=t)
                 others = conn.execute(select(entries.c.seq).where(
                     entries.c.saga_id == saga_id,
                     entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
                 if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
-                    j.touch(conn, saga_id, status=SagaStatus.RUNNING.value)
+                    j.touch(conn, saga_id, status=move("saga", "decided").target)
             else:
                 why = reason or "rejected"
-                j.set_entry(conn, saga_id, seq, phase=Phase.REJECTED.value, rejected_by=approver,
+                j.set_entry(conn, saga_id, seq, phase=move("step", "reject").target,
+                            rejected_by=approver,
                             rejected_at=t, rejection_reason=why, approval_nonce=None,
                             error=f"rejected by {approver}: {why}")
-                if saga.fail_requested_at is None:
-                    j.touch(conn, saga_id, fail_requested_at=t,
-                            reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
+                j.touch(conn, saga_id, fail_requested_at=t,
+                        reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
             j.audit(conn, saga_id, seq, "approve" if approve else "reject", approver, reason)
         fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
         if approve:
             log.info("approval_granted", **fields)
-            self.sw.producer.publish(saga_id, seq, row.tool_name, list(row.args),
+            self.rt.bus.publish_step(saga_id, seq, row.tool_name, list(row.args),
                                      dict(row.kwargs), row.task_id, row.queue)
         else:
             log.warning("approval_rejected", reason=reason, **fields)
-            self.sw.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
+            self.rt.bus.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
                                           f"{approver}: {reason or 'rejected'}")
         return saga_id, seq

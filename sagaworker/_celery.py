@@ -5,24 +5,43 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
-from celery import signals
+from celery import Celery, signals
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from ._compensation import Compensator
 from ._errors import ConfigurationError
+from ._execution import Executor
 from ._logging import configure_logging, get_logger
+from ._runtime import Runtime
+from ._settings import Settings
+from ._sweeper import Sweeper
 
 # kombu loads the class by this path for redis:// brokers (see _redis.py). Not for
 # rediss://: kombu turns on TLS by that scheme name, and a class path has no scheme
 REDIS_TRANSPORT = "sagaworker._redis:Transport"
 SCHEMES = ("redis",)
 
-if TYPE_CHECKING:
-    from ._core import Sagaworker
+__all__ = ["DEAD_LETTER_QUEUE", "CeleryWiring", "Host"]
 
-__all__ = ["DEAD_LETTER_QUEUE", "CeleryWiring"]
+
+class Host(Protocol):
+    """What the wiring needs of the ``Sagaworker`` that owns it."""
+
+    app: Celery
+    rt: Runtime
+    compensator: Compensator
+    sweeper: Sweeper
+    executor: Executor
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def validate(self) -> None: ...
+
+    def dispose_engine(self) -> None: ...
 
 log = get_logger()
 DEAD_LETTER_EXCHANGE = "sagaworker.dlx"
@@ -32,7 +51,7 @@ _DLX_ARGS = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE,
 
 
 class CeleryWiring:
-    def __init__(self, sw: Sagaworker) -> None:
+    def __init__(self, sw: Host) -> None:
         self.sw = sw
         self.app = sw.app
         self.tasks: dict[str, Any] = {}
@@ -129,13 +148,6 @@ class CeleryWiring:
         self.tasks = {"saga_failed": saga_failed, "compensate": compensate, "sweep": sweep,
                       "orphans": orphans}
 
-    def send(self, name: str, *args: Any, countdown: float | None = None) -> None:
-        from ._producer import RETRY_POLICY
-
-        self.tasks[name].apply_async(args=args, queue=self.sw.settings.queue,
-                                     countdown=countdown, retry=True,
-                                     retry_policy=RETRY_POLICY)
-
     # -- worker signals ---------------------------------------------------------
 
     def _mine(self, sender: Any) -> bool:
@@ -170,7 +182,7 @@ class CeleryWiring:
 
     def _on_process_init(self, **_: Any) -> None:
         self.sw.dispose_engine()
-        self.sw.executor.tool_raised.clear()
+        self.sw.executor.raised.clear()
 
     def _on_ready(self, sender: Any = None, **_: Any) -> None:
         if not self._mine(sender):
@@ -180,7 +192,7 @@ class CeleryWiring:
             from ._metrics import serve_metrics
 
             try:
-                serve_metrics(self.sw, self.sw.settings.metrics_port)
+                serve_metrics(self.sw.rt, self.sw.settings.metrics_port)
                 log.info("metrics_serving", port=self.sw.settings.metrics_port)
             except OSError as exc:
                 log.error("metrics_port_unavailable", port=self.sw.settings.metrics_port,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -12,17 +11,18 @@ from celery import Celery
 from ._approvals import Gate
 from ._celery import CeleryWiring
 from ._compensation import Compensator
-from ._dialect import make_engine
 from ._errors import ConfigurationError, SagaNotFound
 from ._execution import Executor, ToolTask
 from ._journal import Journal
 from ._logging import ensure_structlog, get_logger
+from ._machine import Machine
+from ._messages import CeleryBus
 from ._producer import Producer
 from ._registry import Registry, ToolSpec
+from ._runtime import Runtime
 from ._saga import Saga, SyncSaga, run_sync
 from ._settings import Settings
 from ._sweeper import Sweeper
-from ._transitions import Transitions
 from ._types import (
     ApprovalRequest,
     EntryRecord,
@@ -47,43 +47,43 @@ class Sagaworker:
         base = settings or Settings()
         if database_url is not None:
             base = base.model_copy(update={"database_url": database_url})
-        self.settings = base
         self.registry = Registry()
-        self._engine: Any = None
-        self._lock = threading.Lock()
-        self.executor = Executor(self)
-        self.compensator = Compensator(self)
-        self.producer = Producer(self)
-        self.gate = Gate(self)
-        self.sweeper = Sweeper(self)
+        self.bus = CeleryBus(app, self.registry, lambda: self.rt.settings)
+        self.rt = Runtime(base, self.registry, self.bus)
+        self.executor = Executor(self.rt)
+        self.compensator = Compensator(self.rt, self.executor.heartbeat)
+        self.producer = Producer(self.rt)
+        self.gate = Gate(self.rt)
+        self.sweeper = Sweeper(self.rt)
         self.wiring = CeleryWiring(self)
         ensure_structlog()
 
     # -- wiring -----------------------------------------------------------------
 
     @property
-    def journal(self) -> Journal:
-        if self._engine is None:
-            with self._lock:
-                if self._engine is None:
-                    self._engine = make_engine(self.settings.database_url)
-                    self._journal = Journal(self._engine)
-                    self._transitions = Transitions(self._journal)
-                    if self._engine.dialect.name == "sqlite":
-                        # the embedded default sets itself up; real databases migrate
-                        # with `sagaworker db upgrade`
-                        self._journal.create_all()
-        return self._journal
+    def settings(self) -> Settings:
+        return self.rt.settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self.rt.configure(value)
 
     @property
-    def transitions(self) -> Transitions:
-        self.journal  # noqa: B018 - makes the engine
-        return self._transitions
+    def journal(self) -> Journal:
+        return self.rt.journal
+
+    @property
+    def machine(self) -> Machine:
+        """The state machine: every move of a saga, a step and an undo."""
+        return self.rt.machine
+
+    @property
+    def _engine(self) -> Any:
+        return self.rt._engine
 
     def dispose_engine(self) -> None:
         """After a fork: never share the parent's pooled connections."""
-        if self._engine is not None:
-            self._engine.dispose(close=False)
+        self.rt.dispose_engine()
 
     def create_schema(self) -> None:
         """Create the journal tables (what `sagaworker db upgrade` does, via Alembic)."""
@@ -112,8 +112,9 @@ class Sagaworker:
 
             run.__name__, run.__qualname__, run.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
             run.__module__ = fn.__module__
-            task = self.app.task(bind=True, base=ToolTask, name=task_name, sagaworker=self,
-                                 sagaworker_spec=spec, **celery_task_options)(run)
+            task = self.app.task(bind=True, base=ToolTask, name=task_name,
+                                 sagaworker_executor=executor, sagaworker_spec=spec,
+                                 **celery_task_options)(run)
             spec.task = task
             self.registry.add_tool(spec)
             if spec.queue:
@@ -137,7 +138,8 @@ class Sagaworker:
 
     # -- running ---------------------------------------------------------------------
 
-    def begin(self, saga_id: str, *, metadata: dict[str, Any] | None = None) -> Saga:
+    def begin(self, saga_id: str, *, metadata: dict[str, Any] | None = None,
+              deadline: float | None = None) -> Saga:
         """Journal a new RUNNING saga; SagaExists if the id is taken."""
         self.ensure_valid()
         if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
@@ -145,19 +147,19 @@ class Sagaworker:
         from ._canonical import check_json
 
         check_json(metadata or {}, "saga metadata")
-        self.journal.create_saga(saga_id, dict(metadata or {}))
-        return Saga(self, saga_id)
+        self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline))
+        return Saga(self.rt, self.producer, saga_id)
 
     def get(self, saga_id: str) -> Saga:
         """The handle on an existing saga (in another process, say); SagaNotFound if none."""
         if self.journal.saga_row(saga_id) is None:
             raise SagaNotFound(f"no saga {saga_id!r} in the journal")
-        return Saga(self, saga_id)
+        return Saga(self.rt, self.producer, saga_id)
 
     def saga(self, saga_id: str, work: Callable[[SyncSaga], Any], *,
              metadata: dict[str, Any] | None = None, timeout: float = 300) -> SagaResult:
         """Run ``work`` as a saga; returns once it completed or finished compensating."""
-        return run_sync(self, saga_id, work, metadata, timeout)
+        return run_sync(self.begin(saga_id, metadata=metadata), work, timeout)
 
     def inspect(self, saga_id: str) -> SagaRecord:
         return self.journal.inspect(saga_id)
@@ -187,7 +189,7 @@ class Sagaworker:
         """Operator re-drive: re-run only the COMPENSATION_FAILED undos (same keys)."""
         if self.journal.saga_row(saga_id) is None:
             raise SagaNotFound(f"no saga {saga_id!r} in the journal")
-        seqs = self.transitions.reopen_dirty(saga_id, actor)
+        seqs = self.machine.reopen_dirty(saga_id, actor)
         if seqs:
             self.send_compensate(saga_id)
         return seqs
@@ -195,7 +197,16 @@ class Sagaworker:
     # -- messages ---------------------------------------------------------------------
 
     def send_failure(self, saga_id: str, reason: str) -> None:
-        self.wiring.send("saga_failed", saga_id, reason)
+        self.rt.bus.send_failure(saga_id, reason)
 
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
-        self.wiring.send("compensate", saga_id, countdown=countdown)
+        self.rt.bus.send_compensate(saga_id, countdown=countdown)
+
+
+def _deadline(seconds: float | None) -> float | None:
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+        raise ConfigurationError(f"deadline={seconds!r}: give a number of seconds > 0 from "
+                                 "the start of the saga, or None for no deadline")
+    return float(seconds)

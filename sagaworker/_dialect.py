@@ -9,9 +9,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
-from sqlalchemy.types import Float
+from sqlalchemy.types import DateTime, Float
 
-__all__ = ["aware", "make_engine", "normalize_url", "seconds_between", "supports_dml_cte"]
+__all__ = ["aware", "db_later", "db_now", "make_engine", "normalize_url", "seconds_between",
+           "supports_dml_cte"]
 
 
 def normalize_url(url: str) -> str:
@@ -87,3 +88,47 @@ def _sqlite_seconds(element: Any, compiler: Any, **kw: Any) -> str:
     return (f"((julianday({compiler.process(end, **kw)}) - "
             f"julianday({compiler.process(start, **kw)})) * 86400.0)")
 
+
+
+# -- the database's clock ---------------------------------------------------------------
+# Leases are measured on the database's clock, never on each host's: a worker whose clock
+# runs ahead would otherwise take a live attempt for dead. On SQLite (one host by nature)
+# the same expression reads the same clock every process on that host shares.
+_SQLITE_TS = "strftime('%Y-%m-%d %H:%M:%f000', 'now'"
+
+
+class db_now(GenericFunction[datetime]):
+    """The database's current time (statement time on PostgreSQL)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+class db_later(GenericFunction[datetime]):
+    """The database's current time plus a number of seconds (negative: earlier)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: Any, compiler: Any, **kw: Any) -> str:
+    return "statement_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"{_SQLITE_TS})"
+
+
+@compiles(db_later, "postgresql")
+def _pg_later(element: Any, compiler: Any, **kw: Any) -> str:
+    (secs,) = list(element.clauses)
+    return (f"(statement_timestamp() + make_interval(secs => "
+            f"CAST({compiler.process(secs, **kw)} AS double precision)))")
+
+
+@compiles(db_later, "sqlite")
+def _sqlite_later(element: Any, compiler: Any, **kw: Any) -> str:
+    (secs,) = list(element.clauses)
+    return f"{_SQLITE_TS}, ({compiler.process(secs, **kw)}) || ' seconds')"

@@ -51,5 +51,5 @@ class ApprovalInvalid(SagaworkerError):
     """An approval token is forged, expired, reused or for another step; nothing changed."""
 
 
-class BadInput(SagaworkerError):
+class BadInput(SagaworkerError, ValueError):
     """A message or a call carries input that can never succeed (not retried)."""

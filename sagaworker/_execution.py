@@ -6,7 +6,8 @@ import contextvars
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from celery import Task
@@ -16,17 +17,13 @@ from ._canonical import args_digest, check_json
 from ._errors import BadInput
 from ._journal import idempotency_key
 from ._logging import get_logger
-from ._transitions import Held, Start, worker_id
+from ._machine import Held, Start, new_token, worker_label
+from ._messages import ENVELOPE
+from ._registry import ToolSpec
+from ._runtime import Runtime
 from ._types import OPEN, SagaStatus
 
-if TYPE_CHECKING:
-    from ._core import Sagaworker
-    from ._registry import ToolSpec
-
-__all__ = ["ENVELOPE", "ToolTask", "current_idempotency_key"]
-
-#: the reserved keyword that carries (saga_id, seq) inside a tool message
-ENVELOPE = "__sagaworker__"
+__all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
 
 log = get_logger()
 _current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -45,25 +42,42 @@ class ToolTask(Task):  # type: ignore[misc]
     reject_on_worker_lost = True
     ignore_result = True
     sagaworker_spec: ToolSpec
-    sagaworker: Sagaworker
+    sagaworker_executor: Executor
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
+              eta: datetime | None = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        # Journal when Celery's retry message is due, so the sweeper can resend it if the
+        # message is lost (a SIGKILLed worker holding its ETA message, a purged queue).
+        if countdown is not None:
+            delay = float(countdown)
+        elif eta is not None:
+            delay = (eta - datetime.now(UTC)).total_seconds()
+        else:
+            delay = float(self.default_retry_delay or 0)
+        self.sagaworker_executor.retry_due(self, delay)
+        return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
+                              countdown=countdown, max_retries=max_retries, **options)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
         # Only an exception the tool itself raised, after Celery gave up retrying, makes
-        # the entry FAILED; infrastructure errors and a lost worker are not outcomes.
-        if self.sagaworker.executor.tool_raised.pop(task_id, None) is None:
+        # the entry FAILED; infrastructure errors and a lost worker are not outcomes. The
+        # failure is fenced by the token of the attempt that raised.
+        raised = self.sagaworker_executor.raised.pop(task_id, None)
+        if raised is None:
             return
-        env = (kwargs or {}).get(ENVELOPE) or {}
-        self.sagaworker.executor.fail_step(
-            env.get("saga_id"), env.get("seq"), self.sagaworker_spec.name,
-            f"{type(exc).__name__}: {exc}", task_id=task_id)
+        saga_id, seq, token = raised
+        self.sagaworker_executor.fail_step(saga_id, seq, self.sagaworker_spec.name, token,
+                                           f"{type(exc).__name__}: {exc}", task_id=task_id)
 
 
 class Executor:
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
-        self.tool_raised: dict[str, bool] = {}
-        self.heartbeat = Heartbeat(sw)
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: task id -> (saga id, seq, token) of the attempt that raised, for on_failure/retry
+        self.raised: dict[str, tuple[str, int, str]] = {}
+        self.heartbeat = Heartbeat(rt)
 
     def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = task.sagaworker_spec
@@ -71,7 +85,7 @@ class Executor:
         if env is None and task.request.called_directly:
             return spec.fn(*args, **kwargs)
         task_id = task.request.id
-        worker = worker_id()
+        self.raised.pop(task_id, None)  # never a flag left by an earlier attempt
         try:
             saga_id, seq = _envelope(env)
         except BadInput as exc:
@@ -80,18 +94,23 @@ class Executor:
         with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=spec.name,
                                                      task_id=task_id,
                                                      worker=task.request.hostname):
-            return self._run(task, spec, saga_id, seq, args, kwargs, worker)
+            return self._run(task, spec, saga_id, seq, args, kwargs)
 
     def _run(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
-             args: tuple[Any, ...], kwargs: dict[str, Any], worker: str) -> Any:
-        sw = self.sw
-        claim = sw.transitions.claim_start(saga_id, seq, worker=worker,
-                                           lease=sw.settings.lease_seconds,
-                                           idempotent=spec.idempotent, task_id=task.request.id)
-        if claim.start is Start.UNKNOWN:
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rt = self.rt
+        token = new_token()
+        claim = rt.machine.claim_start(saga_id, seq, spec.name, token=token,
+                                       worker=worker_label(), idempotent=spec.idempotent,
+                                       task_id=task.request.id)
+        if claim.start in (Start.UNKNOWN, Start.MISMATCH):
             msg = (f"no journal entry for saga {saga_id!r} step {seq}; tool messages must be "
-                   "sent by saga.enqueue(), which journals them first")
-            log.error("unknown_step", error=msg)
+                   "sent by saga.enqueue(), which journals them first"
+                   if claim.start is Start.UNKNOWN else
+                   f"saga {saga_id!r} step {seq} is journaled as tool "
+                   f"{claim.row.tool_name!r}, not {spec.name!r}; the message is not run")
+            log.error("unknown_step" if claim.start is Start.UNKNOWN else "bad_message",
+                      error=msg)
             raise Reject(msg, requeue=False)
         if claim.start is Start.IN_DOUBT:
             log.error("step_in_doubt", attempts=claim.row.attempts)
@@ -99,6 +118,8 @@ class Executor:
             return None
         if claim.start is not Start.RUN:
             log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
+            if claim.start is Start.CANCELLED and claim.saga_status is SagaStatus.COMPENSATING:
+                rt.bus.send_compensate(saga_id)  # the chain may wait on this entry
             return None
         row = claim.row
         if claim.rerun:
@@ -106,35 +127,53 @@ class Executor:
                         detail="idempotent tool: its earlier attempt died with no outcome")
         problem = self._verify(spec, row, args, kwargs)
         if problem is not None:
-            self.fail_step(saga_id, seq, spec.name, problem, task_id=task.request.id)
+            self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task.request.id)
             return None
-        token = _current_key.set(idempotency_key(saga_id, seq, "execute"))
-        self.heartbeat.hold(saga_id, seq)
+        key = _current_key.set(idempotency_key(saga_id, seq, "execute"))
+        held: Held = (saga_id, seq, False, token)
+        self.heartbeat.hold(held)
         started = time.perf_counter()
         try:
             value = spec.fn(*args, **kwargs)
         except Exception as exc:
             # The attempt ended (it raised): not in doubt. Celery now retries it or gives
-            # up and calls on_failure, which journals FAILED.
-            sw.transitions.release_attempt(saga_id, seq, f"{type(exc).__name__}: {exc}")
-            self.tool_raised[task.request.id] = True
+            # up and calls on_failure, which journals FAILED (fenced by this token).
+            self.heartbeat.drop(held)
+            status = rt.machine.release(saga_id, seq, token, f"{type(exc).__name__}: {exc}")
+            self.raised[task.request.id] = (saga_id, seq, token)
+            if status is SagaStatus.COMPENSATING:
+                rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
             raise
         finally:
-            _current_key.reset(token)
-            self.heartbeat.drop(saga_id, seq)
+            _current_key.reset(key)
+            self.heartbeat.drop(held)
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         try:
             check_json(value, f"the result of tool {spec.name!r}")
         except BadInput as exc:
             # The effect happened but cannot be journaled: a human must look (in doubt).
-            self.fail_step(saga_id, seq, spec.name, str(exc), task_id=task.request.id,
+            self.fail_step(saga_id, seq, spec.name, token, str(exc), task_id=task.request.id,
                            in_doubt=True)
             return None
-        status = sw.transitions.executed(saga_id, seq, value, duration_ms)
+        outcome = rt.machine.executed(saga_id, seq, token, value, duration_ms)
+        if not outcome.applied:
+            # Another attempt took the entry over (this one's lease lapsed): its outcome is
+            # the journal's, and this effect is reported, never journaled over it.
+            log.error("step_outcome_fenced", attempt=claim.attempt, duration_ms=duration_ms,
+                      detail="this attempt's lease lapsed and the entry moved on; its "
+                             "effect happened and is not journaled")
+            return None
         log.info("step_executed", duration_ms=duration_ms, attempt=claim.attempt)
-        if status is SagaStatus.COMPENSATING:
-            sw.send_compensate(saga_id)  # a late arrival: the chain undoes it too
+        if outcome.status is SagaStatus.COMPENSATING:
+            rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
         return None
+
+    def retry_due(self, task: ToolTask, delay: float) -> None:
+        raised = self.raised.get(task.request.id)
+        if raised is not None:
+            saga_id, seq, token = raised
+            self.rt.machine.retry_due(saga_id, seq, token, delay,
+                                      int(task.request.retries or 0) + 1)
 
     def _verify(self, spec: ToolSpec, row: Any, args: Any, kwargs: Any) -> str | None:
         try:
@@ -156,12 +195,9 @@ class Executor:
                 return f"malformed arguments for {spec.name}: {exc}"
         return None
 
-    def fail_step(self, saga_id: Any, seq: Any, tool: str, error: str, *,
+    def fail_step(self, saga_id: str, seq: int, tool: str, token: str, error: str, *,
                   task_id: str | None = None, in_doubt: bool = False) -> None:
-        if not isinstance(saga_id, str) or not isinstance(seq, int):
-            return
-        status = self.sw.transitions.failed(saga_id, seq, error, in_doubt=in_doubt,
-                                            reason=f"step {seq} ({tool}) failed: {error}")
+        status = self.rt.machine.failed(saga_id, seq, token, error, in_doubt=in_doubt)
         if status is None:
             return
         with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=tool,
@@ -171,9 +207,9 @@ class Executor:
 
     def _after_outcome(self, saga_id: str, status: SagaStatus | None, reason: str) -> None:
         if status in OPEN:
-            self.sw.send_failure(saga_id, reason)
+            self.rt.bus.send_failure(saga_id, reason)
         elif status is SagaStatus.COMPENSATING:
-            self.sw.send_compensate(saga_id)
+            self.rt.bus.send_compensate(saga_id)
 
 
 def _envelope(env: Any) -> tuple[str, int]:
@@ -192,36 +228,36 @@ class Heartbeat:
     never taken for dead (and never run a second time beside itself).
 
     One daemon thread per process, started on first use and again after a fork (prefork
-    children inherit no threads).
+    children inherit no threads). Each lease is held by its token: a beat for an attempt
+    that has released or been fenced out matches nothing.
     """
 
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         self.held: set[Held] = set()
         self.lock = threading.Lock()
         self.pid = 0
 
-    def hold(self, saga_id: str, seq: int, *, undo: bool = False) -> None:
+    def hold(self, item: Held) -> None:
         with self.lock:
-            self.held.add((saga_id, seq, undo))
+            self.held.add(item)
             if self.pid != os.getpid():
                 self.pid = os.getpid()
                 threading.Thread(target=self._beat, daemon=True,
                                  name="sagaworker-heartbeat").start()
 
-    def drop(self, saga_id: str, seq: int, *, undo: bool = False) -> None:
+    def drop(self, item: Held) -> None:
         with self.lock:
-            self.held.discard((saga_id, seq, undo))
+            self.held.discard(item)
 
     def _beat(self) -> None:
-        lease = self.sw.settings.lease_seconds
         me = os.getpid()
         while self.pid == me:
-            time.sleep(max(lease / 3, 0.2))
+            time.sleep(max(self.rt.settings.lease_seconds / 3, 0.2))
             with self.lock:
                 held = sorted(self.held)
             if held:
                 try:
-                    self.sw.transitions.heartbeat(held, worker_id(), lease)
+                    self.rt.machine.heartbeat(held)
                 except Exception as exc:  # the next beat tries again
                     log.warning("heartbeat_failed", error=str(exc)[:200])

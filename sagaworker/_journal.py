@@ -135,6 +135,11 @@ class Journal:
         return row
 
     @staticmethod
+    def entry(conn: Connection, saga_id: str, seq: int) -> Any:
+        return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                  entries.c.seq == seq)).first()
+
+    @staticmethod
     def touch(conn: Connection, saga_id: str, **values: Any) -> None:
         conn.execute(
             update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(), **values)
@@ -156,12 +161,17 @@ class Journal:
 
     # -- producer ----------------------------------------------------------------
 
-    def create_saga(self, saga_id: str, meta: dict[str, Any]) -> None:
+    def create_saga(self, saga_id: str, meta: dict[str, Any], *,
+                    deadline: float | None = None, flow: str | None = None,
+                    flow_args: list[Any] | None = None,
+                    flow_kwargs: dict[str, Any] | None = None) -> None:
         t = now()
         try:
             self.write(lambda conn: conn.execute(insert(sagas).values(
                 saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
-                created_at=t, updated_at=t, last_seq=0, exec_counter=0)))
+                created_at=t, updated_at=t, last_seq=0, exec_counter=0,
+                deadline_at=None if deadline is None else t + timedelta(seconds=deadline),
+                flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs)))
         except IntegrityError as exc:
             raise SagaExists(
                 f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
@@ -213,43 +223,6 @@ class Journal:
         raise SagaworkerError(
             f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
             "takes new steps: begin a new saga")
-
-    def complete(self, saga_id: str) -> None:
-        with self.engine.begin() as conn:
-            saga = self.lock_saga(conn, saga_id)
-            if saga is None:
-                raise SagaNotFound(f"no saga {saga_id!r}")
-            if saga.status == SagaStatus.COMPLETED.value:
-                return
-            if saga.status != SagaStatus.RUNNING.value or saga.fail_requested_at is not None:
-                raise SagaworkerError(
-                    f"saga {saga_id!r} is {saga.status}"
-                    f"{' and failing' if saga.fail_requested_at else ''}; "
-                    "only a RUNNING saga with every step EXECUTED can complete")
-            bad = conn.execute(select(entries.c.seq, entries.c.tool_name, entries.c.phase)
-                               .where(entries.c.saga_id == saga_id,
-                                      entries.c.phase != Phase.EXECUTED.value)).all()
-            if bad:
-                listed = ", ".join(f"#{b.seq} {b.tool_name} {b.phase}" for b in bad)
-                raise SagaworkerError(
-                    f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
-                    "wait for them (step.result()) or call saga.fail(reason)")
-            self.touch(conn, saga_id, status=SagaStatus.COMPLETED.value, finished_at=now())
-
-    def request_failure(self, saga_id: str, reason: str) -> SagaStatus:
-        """Journal that the saga must fail, so a lost failure message is found again."""
-        with self.engine.begin() as conn:
-            saga = self.lock_saga(conn, saga_id)
-            if saga is None:
-                raise SagaNotFound(f"no saga {saga_id!r}")
-            status = SagaStatus(saga.status)
-            if status is SagaStatus.COMPLETED:
-                raise SagaworkerError(
-                    f"saga {saga_id!r} is COMPLETED; a completed saga is not undone. Begin a "
-                    "new saga for the correction")
-            if status in OPEN and saga.fail_requested_at is None:
-                self.touch(conn, saga_id, fail_requested_at=now(), reason=reason)
-            return status
 
     # -- reads -------------------------------------------------------------------
 
@@ -337,7 +310,7 @@ def _insert_one(gated: bool) -> Any:
 
 def _entry(row: Any) -> EntryRecord:
     return EntryRecord(
-        seq=row.seq, tool_name=row.tool_name, phase=Phase(row.phase),
+        saga_id=row.saga_id, seq=row.seq, tool_name=row.tool_name, phase=Phase(row.phase),
         args=list(row.args or []), kwargs=dict(row.kwargs or {}), result=row.result,
         error=row.error, task_id=row.task_id, attempts=row.attempts,
         executed_at=aware(row.executed_at),
@@ -358,7 +331,9 @@ def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
         saga_id=saga.saga_id, status=SagaStatus(saga.status), reason=saga.reason,
         metadata=dict(saga.metadata or {}), created_at=aware(saga.created_at),  # type: ignore[arg-type]
         updated_at=aware(saga.updated_at), entries=recs,  # type: ignore[arg-type]
-        report=report_of(rows, recs),
+        report=report_of(rows, recs), flow=saga.flow, deadline_at=aware(saga.deadline_at),
+        flow_args=None if saga.flow is None else list(saga.flow_args or []),
+        flow_kwargs=None if saga.flow is None else dict(saga.flow_kwargs or {}),
     )
 
 

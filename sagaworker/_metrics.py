@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -22,11 +22,9 @@ from sqlalchemy import case, func, select
 
 from ._dialect import seconds_between
 from ._journal import now
+from ._runtime import Runtime
 from ._schema import entries, sagas
 from ._types import Phase, SagaStatus
-
-if TYPE_CHECKING:
-    from ._core import Sagaworker
 
 __all__ = ["JournalCollector", "serve_metrics"]
 
@@ -34,11 +32,11 @@ BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
 class JournalCollector(Collector):
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
 
     def collect(self) -> Iterator[Any]:
-        eng = self.sw.journal.engine
+        eng = self.rt.journal.engine
         with eng.connect() as conn:
             steps = conn.execute(select(entries.c.tool_name, entries.c.phase, func.count())
                                  .group_by(entries.c.tool_name, entries.c.phase)).all()
@@ -48,7 +46,7 @@ class JournalCollector(Collector):
                                  .group_by(entries.c.tool_name, entries.c.compensation)).all()
             statuses: dict[str, int] = dict(conn.execute(select(sagas.c.status, func.count())
                                          .group_by(sagas.c.status)).all())
-            cutoff = now() - timedelta(seconds=self.sw.settings.orphan_after)
+            cutoff = now() - timedelta(seconds=self.rt.settings.orphan_after)
             orphans = conn.execute(select(func.count()).select_from(entries).where(
                 entries.c.phase == Phase.INTENT.value, entries.c.created_at < cutoff)).scalar()
             secs = seconds_between(sagas.c.compensation_started_at, sagas.c.finished_at)
@@ -85,7 +83,7 @@ class JournalCollector(Collector):
         yield h
 
 
-def serve_metrics(sw: Sagaworker, port: int, addr: str = "0.0.0.0") -> None:
+def serve_metrics(rt: Runtime, port: int, addr: str = "0.0.0.0") -> None:
     registry = CollectorRegistry()
-    registry.register(JournalCollector(sw))
+    registry.register(JournalCollector(rt))
     start_http_server(port, addr=addr, registry=registry)

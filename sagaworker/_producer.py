@@ -5,35 +5,29 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._approvals import Signer
 from ._canonical import args_digest, canonical_args
 from ._errors import BadInput, SagaworkerError
-from ._execution import ENVELOPE
 from ._journal import NewEntry
 from ._logging import get_logger
-from ._saga import Step
-
-if TYPE_CHECKING:
-    from ._core import Sagaworker
-    from ._registry import ToolSpec
+from ._messages import ENVELOPE
+from ._registry import ToolSpec
+from ._runtime import Runtime
 
 __all__ = ["Producer"]
 
 log = get_logger()
 
-#: kombu publish retry policy: ride out a broker restart instead of failing the step
-RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5,
-                "interval_max": 2.0}
-
 
 class Producer:
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
 
     def resolve(self, tool: Any) -> ToolSpec:
         name = tool if isinstance(tool, str) else getattr(tool, "name", None)
-        spec = self.sw.registry.tool(name) if isinstance(name, str) else None
+        spec = self.rt.registry.tool(name) if isinstance(name, str) else None
         if spec is None:
             raise SagaworkerError(
                 f"{tool!r} is not a sagaworker tool; decorate it with @sw.tool(...) and "
@@ -56,7 +50,10 @@ class Producer:
             raise BadInput(
                 f"arguments of tool {spec.name!r} are not JSON ({exc}); pass only JSON types "
                 "(str, int, float, bool, None, list, dict with str keys)") from exc
-        limit = self.sw.settings.max_args_bytes
+        if spec.gated:
+            # a gate that nobody could ever decide must not be journaled
+            Signer(self.rt.settings.approval_secret, self.rt.settings.approval_ttl).check()
+        limit = self.rt.settings.max_args_bytes
         if len(encoded.encode()) > limit:
             raise BadInput(
                 f"arguments of tool {spec.name!r} are {len(encoded.encode())} bytes, over "
@@ -67,12 +64,13 @@ class Producer:
                         task_id=str(uuid.uuid4()), gated=spec.gated,
                         approval_nonce=secrets.token_hex(16) if spec.gated else None)
 
-    def enqueue(self, saga_id: str,
-                calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]]) -> list[Step]:
-        self.sw.ensure_valid()
+    def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]]
+                ) -> list[tuple[int, NewEntry]]:
+        """Journal the steps (one transaction), then publish the ungated ones."""
+        if not self.rt.registry.validated:
+            self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
-        seqs = self.sw.journal.add_entries(saga_id, new)
-        steps = []
+        seqs = self.rt.journal.add_entries(saga_id, new)
         for e, seq in zip(new, seqs, strict=True):
             log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                      task_id=e.task_id, kwargs=e.kwargs)
@@ -81,29 +79,13 @@ class Producer:
                          approver=None)
             else:
                 self.publish(saga_id, seq, e.tool_name, e.args, e.kwargs, e.task_id, e.queue)
-            steps.append(Step(self.sw, saga_id, seq, e.task_id, e.tool_name))
-        return steps
+        return list(zip(seqs, new, strict=True))
 
     def publish(self, saga_id: str, seq: int, tool: str, args: list[Any],
                 kwargs: dict[str, Any], task_id: str, queue: str | None) -> bool:
         """Publish one tool message; on a refusal the outbox relay sends it later."""
-        spec = self.sw.registry.tool(tool)
-        if spec is None:
-            return False
-        options: dict[str, Any] = {"task_id": task_id, "retry": True,
-                                   "retry_policy": RETRY_POLICY}
-        if queue:
-            options["queue"] = queue
-        try:
-            spec.task.apply_async(args=list(args),
-                                  kwargs={**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}},
-                                  **options)
-        except Exception as exc:  # the broker refused or is down: INTENT stays, relay resends
-            log.error("step_publish_failed", saga_id=saga_id, seq=seq, tool=tool,
-                      task_id=task_id, error=f"{type(exc).__name__}: {exc}")
-            return False
-        return True
+        return self.rt.bus.publish_step(saga_id, seq, tool, args, kwargs, task_id, queue)
 
     def fail(self, saga_id: str, reason: str) -> None:
-        self.sw.journal.request_failure(saga_id, reason)
-        self.sw.send_failure(saga_id, reason)
+        self.rt.machine.request_failure(saga_id, reason)
+        self.rt.bus.send_failure(saga_id, reason)

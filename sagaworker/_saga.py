@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._errors import ApprovalRejected, SagaworkerError, ToolFailed
+from ._producer import Producer
+from ._runtime import Runtime
 from ._types import TERMINAL, Phase, SagaResult, SagaStatus
-
-if TYPE_CHECKING:
-    from ._core import Sagaworker
 
 __all__ = ["Saga", "Step", "SyncSaga", "poll"]
 
@@ -33,22 +32,22 @@ def poll(check: Callable[[], Any], timeout: float | None, what: str) -> Any:
 class Step:
     """A journaled tool step; ``result()`` waits for its outcome in the journal."""
 
-    def __init__(self, sw: Sagaworker, saga_id: str, seq: int, task_id: str, tool: str) -> None:
-        self.sw, self.saga_id, self.seq, self.task_id, self.tool_name = (
-            sw, saga_id, seq, task_id, tool)
+    def __init__(self, rt: Runtime, saga_id: str, seq: int, task_id: str, tool: str) -> None:
+        self.rt, self.saga_id, self.seq, self.task_id, self.tool_name = (
+            rt, saga_id, seq, task_id, tool)
 
     def __repr__(self) -> str:
         return f"<Step {self.saga_id}#{self.seq} {self.tool_name}>"
 
     @property
     def phase(self) -> Phase:
-        row = self.sw.journal.entry_row(self.saga_id, self.seq)
+        row = self.rt.journal.entry_row(self.saga_id, self.seq)
         return Phase(row.phase)
 
     def result(self, timeout: float | None = None) -> Any:
         """The journaled result; ToolFailed if it FAILED, ApprovalRejected if rejected."""
         def check() -> Any:
-            row = self.sw.journal.entry_row(self.saga_id, self.seq)
+            row = self.rt.journal.entry_row(self.saga_id, self.seq)
             return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
 
         row = poll(check, timeout, f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}")
@@ -71,43 +70,46 @@ class Step:
 class Saga:
     """A handle on one saga; ``sw.get(id)`` gives the same handle in another process."""
 
-    def __init__(self, sw: Sagaworker, saga_id: str) -> None:
-        self.sw, self.saga_id = sw, saga_id
+    def __init__(self, rt: Runtime, producer: Producer, saga_id: str) -> None:
+        self.rt, self.producer, self.saga_id = rt, producer, saga_id
 
     def __repr__(self) -> str:
         return f"<Saga {self.saga_id}>"
 
     @property
     def status(self) -> SagaStatus:
-        return self.sw.inspect(self.saga_id).status
+        return self.rt.journal.inspect(self.saga_id).status
+
+    def _steps(self, calls: list[tuple[Any, Any, dict[str, Any]]]) -> list[Step]:
+        return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
+                for seq, e in self.producer.enqueue(self.saga_id, calls)]
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
         """Journal INTENT, commit, then publish the tool task."""
-        return self.sw.producer.enqueue(self.saga_id, [(tool, args, kwargs)])[0]
+        return self._steps([(tool, args, kwargs)])[0]
 
     def enqueue_many(
         self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]
     ) -> list[Step]:
         """Journal many independent steps in one transaction, then publish them all."""
-        return self.sw.producer.enqueue(self.saga_id,
-                                        [(t, tuple(a), dict(k)) for t, a, k in calls])
+        return self._steps([(t, tuple(a), dict(k)) for t, a, k in calls])
 
     def complete(self) -> None:
         """RUNNING -> COMPLETED; refused while a step is unfinished, FAILED or gated."""
-        self.sw.journal.complete(self.saga_id)
+        self.rt.machine.complete(self.saga_id)
 
     def fail(self, reason: str) -> None:
         """Publish the saga-failure message (journaled first, so it is never lost)."""
-        self.sw.producer.fail(self.saga_id, reason)
+        self.producer.fail(self.saga_id, reason)
 
     def wait(self, timeout: float | None = None) -> SagaResult:
         """The SagaResult once the saga is terminal; TimeoutError otherwise."""
         def check() -> Any:
-            row = self.sw.journal.saga_row(self.saga_id)
+            row = self.rt.journal.saga_row(self.saga_id)
             return row if row is not None and SagaStatus(row.status) in TERMINAL else None
 
         poll(check, timeout, f"saga {self.saga_id!r}")
-        rec = self.sw.inspect(self.saga_id)
+        rec = self.rt.journal.inspect(self.saga_id)
         return SagaResult(saga_id=self.saga_id, status=rec.status,
                           error=None if rec.status is SagaStatus.COMPLETED else rec.reason,
                           report=rec.report)
@@ -130,31 +132,39 @@ class SyncSaga:
         return self.saga.enqueue(tool, *args, **kwargs)
 
 
-def run_sync(sw: Sagaworker, saga_id: str, work: Callable[[SyncSaga], Any],
-             metadata: dict[str, Any] | None, timeout: float) -> SagaResult:
-    saga = sw.begin(saga_id, metadata=metadata)
+def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> SagaResult:
+    """Run ``work`` in a begun saga; returns once it completed or finished compensating.
+
+    Whatever happens in the caller's process, the saga never stays RUNNING because of it:
+    an exception from the work, a step that FAILED (even if the work caught ToolFailed),
+    a step that does not settle in time, all fail the saga, which compensates.
+    """
+    rt = saga.rt
     try:
         value = work(SyncSaga(saga, timeout))
     except Exception as exc:
-        saga.fail(f"{type(exc).__name__}: {exc}")
-        return saga.wait(timeout)
+        return _fail_and_wait(saga, f"{type(exc).__name__}: {exc}", timeout)
     try:
-        _settle(sw, saga_id, timeout)
+        _settle(rt, saga.saga_id, timeout)
         saga.complete()
-    except SagaworkerError as exc:
-        # A step FAILED (even if the work caught ToolFailed): its own failure message is
-        # on its way; fail() again is a no-op then, and covers any other refusal.
-        saga.fail(str(exc))
-        return saga.wait(timeout)
-    rec = sw.inspect(saga_id)
-    return SagaResult(saga_id=saga_id, status=SagaStatus.COMPLETED, value=value,
+    except (SagaworkerError, TimeoutError) as exc:
+        # A step FAILED: its own failure message is on its way; fail() again is a no-op
+        # then, and covers a refusal to complete or steps that did not settle in time.
+        return _fail_and_wait(saga, str(exc), timeout)
+    rec = rt.journal.inspect(saga.saga_id)
+    return SagaResult(saga_id=saga.saga_id, status=SagaStatus.COMPLETED, value=value,
                       report=rec.report)
 
 
-def _settle(sw: Sagaworker, saga_id: str, timeout: float) -> None:
+def _fail_and_wait(saga: Saga, reason: str, timeout: float) -> SagaResult:
+    saga.fail(reason)
+    return saga.wait(timeout)
+
+
+def _settle(rt: Runtime, saga_id: str, timeout: float) -> None:
     """Wait for steps the work enqueued without awaiting, so complete() can decide."""
     def check() -> Any:
-        rec = sw.inspect(saga_id)
+        rec = rt.journal.inspect(saga_id)
         if any(e.phase is Phase.FAILED for e in rec.entries):
             return True
         busy = any(e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL) for e in rec.entries)

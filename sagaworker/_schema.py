@@ -46,8 +46,22 @@ sagas = Table(
     Column("finished_at", _ts),
     # last time the compensation chain moved (sweeper resumes a stalled chain)
     Column("chain_touched_at", _ts),
+    # the token of the failure handler that started the chain, and of the chain that
+    # closed it: a transaction replayed after a lost COMMIT recognises its own write
+    Column("chain_token", String(32)),
+    Column("closed_by", String(32)),
+    # the sweeper resends a saga's lost message on a backoff, not on every pass
+    Column("resend_at", _ts),
+    Column("resends", Integer, nullable=False, default=0, server_default="0"),
+    # flows and deadlines (SPEC 12)
+    Column("deadline_at", _ts),
+    Column("flow", String(300)),
+    Column("flow_args", _json),
+    Column("flow_kwargs", _json),
+    Column("idle_reported_at", _ts),
     Index("ix_sagaworker_sagas_status_updated", "status", "updated_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),
+    Index("ix_sagaworker_sagas_deadline", "deadline_at"),
 )
 
 entries = Table(
@@ -76,7 +90,20 @@ entries = Table(
     Column("started_at", _ts),
     # a running attempt holds the entry until this time (two deliveries never run at once)
     Column("lease_until", _ts),
+    # who runs it, for people to read; no behaviour depends on it (tokens fence attempts)
     Column("worker", String(300)),
+    # the running (or last) forward attempt's token: every write an attempt makes is a
+    # compare-and-set on it, so a stale attempt, a late heartbeat or a replayed COMMIT
+    # never touches a newer attempt
+    Column("attempt_token", String(32)),
+    # re-runs of an idempotent step whose attempt died (capped by SAGAWORKER_MAX_RERUNS)
+    Column("reruns", Integer, nullable=False, default=0, server_default="0"),
+    # an attempt that raised waits for Celery's retry message, due at this time
+    Column("retry_due_at", _ts),
+    Column("celery_retries", Integer, nullable=False, default=0, server_default="0"),
+    # the sweeper resends this entry's message on a backoff
+    Column("resend_at", _ts),
+    Column("resends", Integer, nullable=False, default=0, server_default="0"),
     Column("executed_at", _ts),
     Column("exec_order", Integer),
     Column("duration_ms", Float),
@@ -87,6 +114,8 @@ entries = Table(
     Column("compensation_attempts", Integer, nullable=False, default=0),
     Column("comp_lease_until", _ts),
     Column("comp_worker", String(300)),
+    # the running (or last) undo try's token (the same fencing as attempt_token)
+    Column("undo_token", String(32)),
     Column("compensated_at", _ts),
     # the order undos ran in (report order)
     Column("comp_order", Integer),

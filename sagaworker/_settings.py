@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     approval_ttl: float = Field(default=86400, gt=0)
     redeliver_after: float = Field(default=60, gt=0)
     app: str = "tasks"
+    #: re-runs of an idempotent step whose attempt died, before it ends FAILED in doubt
+    max_reruns: int = Field(default=3, ge=0)
+    #: seconds before an undriven RUNNING saga of the asynchronous form is reported
+    idle_after: float = Field(default=3600, gt=0)
     redact: str = ""
     #: the queue of sagaworker's own work (failure handling, compensation, sweeps)
     queue: str = "sagaworker"

@@ -1,41 +1,44 @@
 """The sweeper: finds from the journal what a lost message left behind and sends it again.
 
 Run by Celery beat (``sagaworker.sweep``) and by every worker on a timer. Re-sending is
-always safe: every handler is a compare-and-set against the journal.
+always safe (every handler is a compare-and-set against the journal), but not free: each
+row is resent on a backoff (``resend_at``, doubling from ``SAGAWORKER_RELAY_AFTER`` up to
+an hour), taken with a compare-and-set so that of many sweepers one resends it, and a long
+queue is not multiplied by duplicates.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, and_, func, or_, select, update
 
-from ._dialect import aware
+from ._dialect import aware, db_later, db_now
 from ._journal import _entry, now
 from ._logging import get_logger
+from ._runtime import Runtime
 from ._schema import entries, sagas
 from ._types import OPEN, EntryRecord, Phase, SagaStatus
-
-if TYPE_CHECKING:
-    from ._core import Sagaworker
 
 __all__ = ["Sweeper"]
 
 log = get_logger()
 _BATCH = 500
+_MAX_BACKOFF = 3600.0
+_OPEN = [s.value for s in OPEN]
 
 
 class Sweeper:
-    def __init__(self, sw: Sagaworker) -> None:
-        self.sw = sw
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
-        return [_entry(r) for r in self.sw.journal.orphans(older_than)]
+        return [_entry(r) for r in self.rt.journal.orphans(older_than)]
 
     def log_orphans(self) -> int:
-        rows = self.sw.journal.orphans(self.sw.settings.orphan_after)
+        rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
         t = now()
         for r in rows:
             log.error("orphan_intent", saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
@@ -45,71 +48,103 @@ class Sweeper:
     def sweep(self) -> dict[str, int]:
         """One pass; returns how many of each kind of work it sent again."""
         counts = {"failures": self._failures(), "chains": self._chains(),
-                  "relayed": self._relay(), "in_doubt": self._in_doubt()}
+                  "relayed": self._relay(), "retries": self._retries(),
+                  "in_doubt": self._in_doubt()}
         if any(counts.values()):
             log.info("sweep", **counts)
         return counts
 
+    # -- taking rows on a backoff -------------------------------------------------------
+
+    def _take(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
+        """The rows matching ``where`` whose resend is due, each taken by one sweeper."""
+        base = self.rt.settings.relay_after
+        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+        with self.rt.journal.engine.connect() as conn:
+            found = conn.execute(select(table).where(where, due).limit(_BATCH)).all()
+        taken = []
+        for r in found:
+            delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
+            with self.rt.journal.engine.begin() as conn:
+                got = conn.execute(
+                    update(table)
+                    .where(*[table.c[k] == getattr(r, k) for k in keys], due,
+                           table.c.resends == r.resends)
+                    .values(resend_at=db_later(delay), resends=table.c.resends + 1)).rowcount
+            if got:
+                taken.append(r)
+        return taken
+
+    def _sagas(self, where: Any) -> list[Any]:
+        return self._take(sagas, ["saga_id"], where)
+
+    def _entries(self, where: Any) -> list[Any]:
+        return self._take(entries, ["saga_id", "seq"], where)
+
+    def _ago(self, seconds: float) -> Any:
+        return db_later(-seconds)
+
+    # -- what a lost message leaves behind ----------------------------------------------
+
     def _failures(self) -> int:
         """Sagas asked to fail whose failure message never got handled."""
-        cutoff = now() - timedelta(seconds=min(self.sw.settings.relay_after, 10.0))
-        rows = self.sw.journal.stale(
-            select(sagas.c.saga_id, sagas.c.reason)
-            .where(sagas.c.status.in_([s.value for s in OPEN]),
-                   sagas.c.fail_requested_at.is_not(None),
-                   sagas.c.fail_requested_at < cutoff).limit(_BATCH))
+        rows = self._sagas(and_(sagas.c.status.in_(_OPEN),
+                                sagas.c.fail_requested_at.is_not(None),
+                                sagas.c.fail_requested_at
+                                < self._ago(min(self.rt.settings.relay_after, 10.0))))
         for r in rows:
-            self.sw.send_failure(r.saga_id, r.reason or "saga failed")
+            self.rt.bus.send_failure(r.saga_id, r.reason or "saga failed")
         return len(rows)
 
     def _chains(self) -> int:
         """Compensation chains that stopped moving (their worker died, a message lost)."""
-        cutoff = now() - timedelta(seconds=self.sw.settings.lease_seconds)
-        rows = self.sw.journal.stale(
-            select(sagas.c.saga_id)
-            .where(sagas.c.status == SagaStatus.COMPENSATING.value,
-                   func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at) < cutoff)
-            .limit(_BATCH))
+        rows = self._sagas(and_(
+            sagas.c.status == SagaStatus.COMPENSATING.value,
+            func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at)
+            < self._ago(self.rt.settings.lease_seconds)))
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("compensation_resumed")
-            self.sw.send_compensate(r.saga_id)
+            self.rt.bus.send_compensate(r.saga_id)
         return len(rows)
+
+    def _open_saga(self) -> Any:
+        return entries.c.saga_id.in_(select(sagas.c.saga_id).where(
+            sagas.c.status.in_(_OPEN), sagas.c.fail_requested_at.is_(None)))
 
     def _relay(self) -> int:
         """The outbox relay: INTENT journaled but never started (publish lost or refused)."""
-        t = now()
-        cutoff = t - timedelta(seconds=self.sw.settings.relay_after)
-        eng = self.sw.journal.engine
-        with eng.begin() as conn:
-            # SKIP LOCKED: two sweepers on PostgreSQL never relay the same row together.
-            rows = conn.execute(
-                select(entries)
-                .join(sagas, sagas.c.saga_id == entries.c.saga_id)
-                .where(entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
-                       func.coalesce(entries.c.published_at, entries.c.created_at) < cutoff,
-                       sagas.c.status.in_([s.value for s in OPEN]))
-                .limit(_BATCH).with_for_update(skip_locked=True, of=entries)).all()
-            for r in rows:
-                conn.execute(update(entries).where(entries.c.saga_id == r.saga_id,
-                                                   entries.c.seq == r.seq)
-                             .values(published_at=t))
-        for r in rows:
-            log.warning("step_relayed", saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
-                        task_id=r.task_id)
-            self.sw.producer.publish(r.saga_id, r.seq, r.tool_name, list(r.args),
-                                     dict(r.kwargs), r.task_id, r.queue)
-        return len(rows)
+        rows = self._entries(and_(
+            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
+            func.coalesce(entries.c.published_at, entries.c.created_at)
+            < self._ago(self.rt.settings.relay_after), self._open_saga()))
+        return self._resend(rows, "step_relayed")
+
+    def _retries(self) -> int:
+        """Attempts that raised whose Celery retry message never came (lost with a worker
+        that held it, a purged queue): sent again with their retry count."""
+        rows = self._entries(and_(
+            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_not(None),
+            entries.c.lease_until.is_(None),
+            func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
+            < self._ago(self.rt.settings.relay_after), self._open_saga()))
+        return self._resend(rows, "step_retry_resent")
 
     def _in_doubt(self) -> int:
-        """Started attempts whose lease lapsed with no outcome: re-deliver to decide."""
-        t = now()
-        rows = self.sw.journal.stale(
-            select(entries).where(entries.c.phase == Phase.INTENT.value,
+        """Started attempts whose lease lapsed with no outcome: delivered again, the claim
+        decides (re-run an idempotent tool, or journal it in doubt)."""
+        rows = self._entries(and_(entries.c.phase == Phase.INTENT.value,
                                   entries.c.lease_until.is_not(None),
-                                  entries.c.lease_until < t).limit(_BATCH))
+                                  entries.c.lease_until < db_now()))
+        return self._resend(rows, None)
+
+    def _resend(self, rows: list[Any], event: str | None) -> int:
+        publish: Callable[..., bool] = self.rt.bus.publish_step
         for r in rows:
-            self.sw.producer.publish(r.saga_id, r.seq, r.tool_name, list(r.args),
-                                     dict(r.kwargs), r.task_id, r.queue)
+            if event:
+                log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
+                            task_id=r.task_id, resends=r.resends + 1)
+            publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs), r.task_id,
+                    r.queue, retries=r.celery_retries)
         return len(rows)
 

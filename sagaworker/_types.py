@@ -112,6 +112,7 @@ class CompensationReport:
 class EntryRecord:
     """One journal entry: a tool step and, once compensated, its undo's outcome."""
 
+    saga_id: str
     seq: int
     tool_name: str
     phase: Phase
@@ -149,6 +150,10 @@ class SagaRecord:
     updated_at: datetime
     entries: list[EntryRecord]
     report: CompensationReport
+    flow: str | None = None
+    deadline_at: datetime | None = None
+    flow_args: list[Any] | None = None
+    flow_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

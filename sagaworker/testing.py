@@ -34,7 +34,6 @@ from ._dialect import make_engine
 from ._execution import ENVELOPE
 from ._journal import Journal, now
 from ._schema import entries
-from ._transitions import Transitions
 from ._types import SagaResult, SagaStatus
 
 if TYPE_CHECKING:
@@ -72,64 +71,69 @@ class _Plan:
     undos: list[str] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def harness(sw: Sagaworker) -> Iterator[_Plan]:
-    """Run ``sw``'s sagas in-process on a throwaway journal for the duration of the block."""
-    plan = _Plan()
-    folder = Path(tempfile.mkdtemp(prefix="sagaworker-harness-"))
-    saved = {k: sw.__dict__.get(k) for k in ("_engine", "_journal", "_transitions", "settings")}
-    saved_fns = {n: s.fn for n, s in sw.registry.tools.items()}
-    saved_undos = {k: u.fn for k, u in sw.registry.undos.items()}
-    patched: dict[str, Any] = {"publish": sw.producer.publish, "send_failure": sw.send_failure,
-               "send_compensate": sw.send_compensate, "enqueue": sw.producer.enqueue}
-    url = f"sqlite:///{folder / 'journal.db'}"
-    engine = make_engine(url)
-    journal = Journal(engine)
-    journal.create_all()
-    sw.__dict__.update(_engine=engine, _journal=journal, _transitions=Transitions(journal),
-                       settings=sw.settings.model_copy(update={
-                           "compensation_backoff": 0.0, "database_url": url,
-                           "approval_secret": sw.settings.approval_secret or "harness"}))
-    sw.ensure_valid()
-    for name, spec in sw.registry.tools.items():
-        spec.fn = _spy_tool(plan, name, spec.fn)
-    for key, undo in sw.registry.undos.items():
-        undo.fn = _spy_undo(plan, f"{key[0]}.{key[1]}", undo.fn, undo.takes_context)
+class _InProcessBus:
+    """Runs every message in this process, at once: the harness's broker and workers."""
 
-    def publish(saga_id: str, seq: int, tool: str, args: list[Any], kwargs: dict[str, Any],
-                task_id: str, queue: str | None) -> bool:
-        spec = sw.registry.tool(tool)
+    def __init__(self, sw: Sagaworker, plan: _Plan, engine: Any) -> None:
+        self.sw, self.plan, self.engine = sw, plan, engine
+
+    def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                     kwargs: dict[str, Any], task_id: str, queue: str | None, *,
+                     retries: int = 0) -> bool:
+        spec = self.sw.registry.tool(tool)
         assert spec is not None
         message = {**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}}
         try:
             spec.task.apply(args=list(args), kwargs=message, task_id=task_id)
         except _Crash:
             # the worker is gone: its lease lapses, and the message comes back
-            with engine.begin() as conn:
+            with self.engine.begin() as conn:
                 conn.execute(update(entries).where(entries.c.saga_id == saga_id,
                                                    entries.c.seq == seq)
                              .values(lease_until=now() - timedelta(seconds=1)))
-            plan.crash = False
+            self.plan.crash = False
             spec.task.apply(args=list(args), kwargs=message, task_id=task_id)
         return True
 
+    def send_failure(self, saga_id: str, reason: str) -> None:
+        self.sw.compensator.handle_failure(saga_id, reason)
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
+        self.sw.compensator.run_chain(saga_id)
+
+
+@contextlib.contextmanager
+def harness(sw: Sagaworker) -> Iterator[_Plan]:
+    """Run ``sw``'s sagas in-process on a throwaway journal for the duration of the block."""
+    plan = _Plan()
+    rt = sw.rt
+    folder = Path(tempfile.mkdtemp(prefix="sagaworker-harness-"))
+    saved = (rt._engine, rt._journal, rt._machine, rt.settings, rt.bus)
+    saved_fns = {n: s.fn for n, s in sw.registry.tools.items()}
+    saved_undos = {k: u.fn for k, u in sw.registry.undos.items()}
+    real_enqueue = sw.producer.enqueue
+    url = f"sqlite:///{folder / 'journal.db'}"
+    engine = make_engine(url)
+    journal = Journal(engine)
+    journal.create_all()
+    rt.use(journal, sw.settings.model_copy(update={
+        "compensation_backoff": 0.0, "database_url": url,
+        "approval_secret": sw.settings.approval_secret or "harness"}))
+    rt.bus = _InProcessBus(sw, plan, engine)
+    sw.ensure_valid()
+    for name, spec in sw.registry.tools.items():
+        spec.fn = _spy_tool(plan, name, spec.fn)
+    for key, undo in sw.registry.undos.items():
+        undo.fn = _spy_undo(plan, f"{key[0]}.{key[1]}", undo.fn, undo.takes_context)
+
     def enqueue(saga_id: str, calls: Any) -> Any:
-        steps = patched["enqueue"](saga_id, calls)
+        steps = real_enqueue(saga_id, calls)
         for req in sw.pending_approvals():
             if req.saga_id == saga_id:
                 sw.approve(req.token, approver="sagaworker.testing")
         return steps
 
-    sw.producer.publish = publish  # type: ignore[method-assign]
     sw.producer.enqueue = enqueue  # type: ignore[method-assign]
-    def send_failure(saga_id: str, reason: str) -> None:
-        sw.compensator.handle_failure(saga_id, reason)
-
-    def send_compensate(saga_id: str, *, countdown: float | None = None) -> None:
-        sw.compensator.run_chain(saga_id)
-
-    sw.send_failure = send_failure  # type: ignore[method-assign]
-    sw.send_compensate = send_compensate  # type: ignore[method-assign]
     try:
         yield plan
     finally:
@@ -137,11 +141,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
             sw.registry.tools[name].fn = fn
         for key, fn in saved_undos.items():
             sw.registry.undos[key].fn = fn
-        sw.producer.publish = patched["publish"]  # type: ignore[method-assign]
-        sw.producer.enqueue = patched["enqueue"]  # type: ignore[method-assign]
-        sw.__dict__.pop("send_failure", None)
-        sw.__dict__.pop("send_compensate", None)
-        sw.__dict__.update(saved)
+        del sw.producer.enqueue
+        rt._engine, rt._journal, rt._machine, rt.settings, rt.bus = saved
         engine.dispose()
 
 

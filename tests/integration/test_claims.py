@@ -13,8 +13,8 @@ from sqlalchemy import update
 
 from sagaworker import Sagaworker
 from sagaworker._journal import now
+from sagaworker._machine import Start
 from sagaworker._schema import entries
-from sagaworker._transitions import Start
 from tests.conftest import uid
 
 pytestmark = pytest.mark.services
@@ -28,7 +28,7 @@ def pg_sw(pg_url: str) -> Iterator[Sagaworker]:
     def idem(x: int) -> int:
         return x
 
-    sw.producer.publish = lambda *a: True  # type: ignore[method-assign]
+    sw.rt.bus.publish_step = lambda *a, **k: True  # type: ignore[method-assign]
     yield sw
     sw.journal.engine.dispose()
 
@@ -43,15 +43,16 @@ def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed
         with pg_sw.journal.engine.begin() as conn:
             conn.execute(update(entries).where(entries.c.saga_id == saga_id).values(
                 attempts=1, started_at=now(), lease_until=now() - timedelta(seconds=5),
-                worker="elsewhere|1"))
+                worker="elsewhere|1", attempt_token="dead"))
     results: list[Start] = []
     hold = pg_sw.journal.engine.connect()
     trans = hold.begin()
     pg_sw.journal.lock_saga(hold, saga_id)  # every claimer below queues behind this lock
 
     def claim(i: int) -> None:
-        c = pg_sw.transitions.claim_start(saga_id, 1, worker=f"w|{i}", lease=30,
-                                          idempotent=True, task_id=f"t{i}")
+        c = pg_sw.machine.claim_start(saga_id, 1, "tests.integration.test_claims.idem",
+                                      token=f"tok{i}", worker=f"w|{i}", idempotent=True,
+                                      task_id=f"t{i}")
         results.append(c.start)
 
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
@@ -62,5 +63,6 @@ def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed
     hold.close()
     for t in threads:
         t.join(30)
+    # the order the threads got the lock in is the database's: count, not order
     assert sorted(r.value for r in results) == ["busy", "busy", "busy", "run"]
     assert pg_sw.journal.entry_row(saga_id, 1).attempts == (2 if lapsed else 1)

@@ -121,7 +121,7 @@ def test_lost_failure_message_is_sent_again(crash_cluster: Cluster) -> None:
     key = uid("k")
     saga = c.sw.begin(key)
     saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
-    c.sw.journal.request_failure(key, "message lost on purpose")  # no message is sent
+    c.sw.machine.request_failure(key, "message lost on purpose")  # no message is sent
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     assert res.error == "message lost on purpose"
@@ -134,7 +134,7 @@ def test_stalled_chain_resumes_from_the_journal(crash_cluster: Cluster) -> None:
     saga = c.sw.begin(key)
     for n in ("a", "b", "c"):
         saga.enqueue(c.tool("step"), key, n).result(timeout=T)
-    won, n, _ = c.sw.transitions.begin_compensation(key, "worker died holding the chain")
+    won, n, _ = c.sw.machine.begin_compensation(key, "worker died holding the chain", "tok")
     assert won and n == 3  # COMPENSATING, but no chain message exists
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED

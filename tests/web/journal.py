@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from sqlalchemy import update
 
 from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
+from sagaworker._journal import now
+from sagaworker._schema import entries
 
 SECRET = "web-tests-approval-secret"
 
@@ -89,21 +93,27 @@ def order_flow(tools: Tools) -> Callable[[Any], Callable[[Any], Any]]:
 
 def run_step(sw: Sagaworker, saga_id: str, seq: int, result: Any) -> None:
     """The worker's part of one step: claim the attempt, journal EXECUTED."""
-    sw.transitions.claim_start(saga_id, seq, worker="test|0", lease=60, idempotent=False,
-                               task_id=None)
-    sw.transitions.executed(saga_id, seq, result, 12.5)
+    tool = sw.journal.entry_row(saga_id, seq).tool_name
+    sw.machine.claim_start(saga_id, seq, tool, token=f"t{seq}", worker="test|0",
+                           idempotent=False, task_id=None)
+    sw.machine.executed(saga_id, seq, f"t{seq}", result, 12.5)
 
 
 def fail_step(sw: Sagaworker, saga_id: str, seq: int, error: str) -> None:
-    sw.transitions.claim_start(saga_id, seq, worker="test|0", lease=60, idempotent=False,
-                               task_id=None)
-    sw.transitions.failed(saga_id, seq, error)
+    tool = sw.journal.entry_row(saga_id, seq).tool_name
+    sw.machine.claim_start(saga_id, seq, tool, token=f"t{seq}", worker="test|0",
+                           idempotent=False, task_id=None)
+    sw.machine.failed(saga_id, seq, f"t{seq}", error)
 
 
 def lose_worker(sw: Sagaworker, saga_id: str, seq: int) -> None:
     """The step started and its worker vanished: a lapsed lease and no outcome."""
-    sw.transitions.claim_start(saga_id, seq, worker="gone-host|1", lease=0, idempotent=False,
-                               task_id=None)
+    tool = sw.journal.entry_row(saga_id, seq).tool_name
+    sw.machine.claim_start(saga_id, seq, tool, token=f"t{seq}", worker="gone-host|1",
+                           idempotent=False, task_id=None)
+    with sw.journal.engine.begin() as conn:  # its lease lapsed
+        conn.execute(update(entries).where(entries.c.saga_id == saga_id, entries.c.seq == seq)
+                     .values(lease_until=now() - timedelta(seconds=1)))
 
 
 def completed(sw: Sagaworker, tools: Tools, saga_id: str) -> None:
@@ -137,7 +147,7 @@ def compensated(sw: Sagaworker, tools: Tools, saga_id: str, *, card: str = "decl
     elif in_doubt:
         lose_worker(sw, saga_id, 3)
         reason = "step 3 (charge) in doubt"
-        sw.journal.request_failure(saga_id, reason)
+        sw.machine.request_failure(saga_id, reason)
     else:
         fail_step(sw, saga_id, 3, f"Declined: card {card} declined 2098 cents")
         reason = f"step 3 (charge) failed: Declined: card {card} declined 2098 cents"

@@ -1,0 +1,64 @@
+"""The message bus on Celery: tool messages (with their envelope) and sagaworker's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from ._logging import get_logger
+from ._registry import Registry
+from ._settings import Settings
+
+__all__ = ["ENVELOPE", "RETRY_POLICY", "CeleryBus"]
+
+log = get_logger()
+
+#: the reserved keyword that carries (saga_id, seq) inside a tool message
+ENVELOPE = "__sagaworker__"
+
+#: kombu publish retry policy: ride out a broker restart instead of failing the step
+RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5,
+                "interval_max": 2.0}
+
+
+class CeleryBus:
+    """Publishes through the app; a refused publish is left to the outbox relay."""
+
+    def __init__(self, app: Celery, registry: Registry,
+                 settings: Callable[[], Settings]) -> None:
+        self.app, self.registry, self.settings = app, registry, settings
+
+    def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                     kwargs: dict[str, Any], task_id: str, queue: str | None, *,
+                     retries: int = 0) -> bool:
+        """Publish one tool message; on a refusal the outbox relay sends it later."""
+        spec = self.registry.tool(tool)
+        if spec is None:
+            return False
+        options: dict[str, Any] = {"task_id": task_id, "retry": True,
+                                   "retry_policy": RETRY_POLICY}
+        if queue:
+            options["queue"] = queue
+        if retries:
+            options["retries"] = retries  # a resent Celery retry keeps its count
+        try:
+            spec.task.apply_async(args=list(args),
+                                  kwargs={**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}},
+                                  **options)
+        except Exception as exc:  # the broker refused or is down: INTENT stays, relay resends
+            log.error("step_publish_failed", saga_id=saga_id, seq=seq, tool=tool,
+                      task_id=task_id, error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def send(self, name: str, *args: Any, countdown: float | None = None) -> None:
+        self.app.send_task(f"sagaworker.{name}", args=args, queue=self.settings().queue,
+                           countdown=countdown, retry=True, retry_policy=RETRY_POLICY)
+
+    def send_failure(self, saga_id: str, reason: str) -> None:
+        self.send("saga_failed", saga_id, reason)
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
+        self.send("compensate", saga_id, countdown=countdown)

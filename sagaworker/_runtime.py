@@ -1,0 +1,81 @@
+"""What the parts of sagaworker share: settings, the registry, the journal, the state
+machine and the message bus. ``_core`` assembles one; every part is handed it, so no part
+imports another's owner (no import circles)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from ._dialect import make_engine
+from ._journal import Journal
+from ._machine import Machine
+from ._registry import Registry
+from ._settings import Settings
+
+__all__ = ["Bus", "Runtime"]
+
+
+class Bus(Protocol):
+    """The messages sagaworker sends (implemented on Celery by ``_messages.CeleryBus``)."""
+
+    def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                     kwargs: dict[str, Any], task_id: str, queue: str | None, *,
+                     retries: int = 0) -> bool: ...
+
+    def send_failure(self, saga_id: str, reason: str) -> None: ...
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None: ...
+
+
+class Runtime:
+    """The shared parts; the journal's engine is made on first use (after a fork too)."""
+
+    def __init__(self, settings: Settings, registry: Registry, bus: Bus) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.bus = bus
+        self._engine: Any = None
+        self._journal: Journal | None = None
+        self._machine: Machine | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            with self._lock:
+                if self._journal is None:
+                    self._engine = make_engine(self.settings.database_url)
+                    journal = Journal(self._engine)
+                    self._machine = Machine(journal, self.settings)
+                    if self._engine.dialect.name == "sqlite":
+                        # the embedded default sets itself up; real databases migrate
+                        # with `sagaworker db upgrade`
+                        journal.create_all()
+                    self._journal = journal
+        return self._journal
+
+    @property
+    def machine(self) -> Machine:
+        self.journal  # noqa: B018 - makes the engine
+        assert self._machine is not None
+        return self._machine
+
+    def configure(self, settings: Settings) -> None:
+        """New settings for every part (the machine reads its leases and caps from them)."""
+        self.settings = settings
+        if self._machine is not None:
+            self._machine.settings = settings
+
+    def use(self, journal: Journal, settings: Settings | None = None) -> None:
+        """Point at another journal (the testing harness's in-memory one)."""
+        with self._lock:
+            if settings is not None:
+                self.settings = settings
+            self._engine, self._journal = journal.engine, journal
+            self._machine = Machine(journal, self.settings)
+
+    def dispose_engine(self) -> None:
+        """After a fork: never share the parent's pooled connections."""
+        if self._engine is not None:
+            self._engine.dispose(close=False)
