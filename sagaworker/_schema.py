@@ -39,7 +39,7 @@ sagas = Table(
     # order of EXECUTED commits: bumped under the saga row lock with each EXECUTED
     Column("exec_counter", Integer, nullable=False, default=0),
     # order of undo outcomes (the report's order): bumped with each outcome
-    Column("comp_counter", Integer, nullable=False, default=0, server_default="0"),
+    Column("comp_counter", Integer, nullable=False, server_default="0"),
     # a failure was asked for (saga.fail or a FAILED step) but maybe not yet handled
     Column("fail_requested_at", _ts),
     Column("compensation_started_at", _ts),
@@ -52,7 +52,7 @@ sagas = Table(
     Column("closed_by", String(32)),
     # the sweeper resends a saga's lost message on a backoff, not on every pass
     Column("resend_at", _ts),
-    Column("resends", Integer, nullable=False, default=0, server_default="0"),
+    Column("resends", Integer, nullable=False, server_default="0"),
     # flows and deadlines (SPEC 12)
     Column("deadline_at", _ts),
     Column("flow", String(300)),
@@ -97,13 +97,13 @@ entries = Table(
     # never touches a newer attempt
     Column("attempt_token", String(32)),
     # re-runs of an idempotent step whose attempt died (capped by SAGAWORKER_MAX_RERUNS)
-    Column("reruns", Integer, nullable=False, default=0, server_default="0"),
+    Column("reruns", Integer, nullable=False, server_default="0"),
     # an attempt that raised waits for Celery's retry message, due at this time
     Column("retry_due_at", _ts),
-    Column("celery_retries", Integer, nullable=False, default=0, server_default="0"),
+    Column("celery_retries", Integer, nullable=False, server_default="0"),
     # the sweeper resends this entry's message on a backoff
     Column("resend_at", _ts),
-    Column("resends", Integer, nullable=False, default=0, server_default="0"),
+    Column("resends", Integer, nullable=False, server_default="0"),
     Column("executed_at", _ts),
     Column("exec_order", Integer),
     Column("duration_ms", Float),
