@@ -169,7 +169,8 @@ def test_tampered_journal_arguments_are_caught_at_resume(cluster: Cluster,
     """Arguments changed in the journal after approval FAIL the step unrun; the saga undoes."""
     key, saga, _ = gated(cluster)
     sent: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(cluster.sw.producer, "publish", lambda *a: sent.append(a) or True)
+    monkeypatch.setattr(cluster.sw.rt.bus, "publish_step",
+                        lambda *a, **k: sent.append(a) or True)
     cluster.sw.approve(token_for(cluster.sw, key, 2), approver="alice")
     monkeypatch.undo()
     with cluster.sw.journal.engine.begin() as conn:
