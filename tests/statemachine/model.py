@@ -15,6 +15,7 @@ worker died), so a live attempt is never mistaken for a dead one by the clock.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
 from dataclasses import dataclass, field
@@ -34,9 +35,9 @@ from sqlalchemy import case, select, update
 from sagaworker import (
     ApprovalInvalid,
     Reversibility,
+    SagaStatus,
     Sagaworker,
     SagaworkerError,
-    SagaStatus,
     Settings,
 )
 from sagaworker._dialect import db_later
@@ -228,10 +229,8 @@ class JournalMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sagas)
     @rule(i=st.integers(0, 2))
     def complete(self, i: int) -> None:
-        try:
+        with contextlib.suppress(SagaworkerError):
             self.sw.get(self.sagas[i % len(self.sagas)]).complete()
-        except SagaworkerError:
-            pass
 
     @rule(approve=st.booleans(), fail_first=st.booleans(), i=st.integers(0, 5))
     def decide(self, approve: bool, fail_first: bool, i: int) -> None:
