@@ -211,7 +211,8 @@ def test_idempotent_step_that_kills_its_worker_is_rerun_at_most_max_reruns(
     saga.enqueue(c.tool("idem_kills_worker"), key, "i")
     wait_for(lambda: terminal(c, key) or len(rows_of(c, key, "try")) > 1 + max_reruns, SLOW,
              "the saga to end (or the step to be run once too often)")
-    assert len(rows_of(c, key, "try")) == 1 + max_reruns
+    tries = len(rows_of(c, key, "try"))
+    assert tries == 1 + max_reruns, f"the step ran {tries} times"
     res = saga.wait(timeout=SLOW)
     assert res.status is SagaStatus.COMPENSATED
     e = c.sw.inspect(key).entries[1]
