@@ -77,6 +77,13 @@ def count(key: str, kind: str, tool: str) -> int:
 
 
 
+def forget(url: str) -> None:
+    """Close the oracle's connections to a database about to be dropped."""
+    eng = _engines.pop(url, None)
+    if eng is not None:
+        eng.dispose()
+
+
 def rows(url: str, key: str) -> list[Any]:
     """The ledger rows of one test key, in the order they were written."""
     with engine(url).connect() as conn:

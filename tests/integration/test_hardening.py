@@ -34,6 +34,7 @@ from sagaworker import (
     Sagaworker,
     SagaworkerError,
 )
+from tests.app import forget
 from tests.conftest import (
     BROKERS,
     Cluster,
@@ -136,6 +137,7 @@ def lone(request: pytest.FixtureRequest,
             kill_worker(proc)
         c.cleanup_queues()
         c.sw.dispose_engine()
+        forget(url)
         with psycopg.connect("host=127.0.0.1 user=root dbname=postgres",
                              autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -459,8 +461,11 @@ def test_sync_saga_whose_settling_times_out_still_ends(cluster: Cluster) -> None
     if res is not None:
         assert res.status is not SagaStatus.COMPLETED
     wait_for(lambda: ("effect", "late") in kinds(c, key), T, "the step to finish")
-    wait_for(lambda: terminal(c, key), 30,
-             f"saga {key} to end (it is {c.sw.inspect(key).status})")
+    try:
+        wait_for(lambda: terminal(c, key), 30, "the saga to end")
+    except AssertionError:
+        raise AssertionError(f"saga {key} never ended: it is still "
+                             f"{c.sw.inspect(key).status} 30 s after its step finished") from None
     rec = c.sw.inspect(key)
     assert rec.status is SagaStatus.COMPENSATED
     assert kinds(c, key, "undo") == [("undo", "late")]
