@@ -77,6 +77,13 @@ def count(key: str, kind: str, tool: str) -> int:
 
 
 
+def forget(url: str) -> None:
+    """Close the oracle's connections to a database about to be dropped."""
+    eng = _engines.pop(url, None)
+    if eng is not None:
+        eng.dispose()
+
+
 def rows(url: str, key: str) -> list[Any]:
     """The ledger rows of one test key, in the order they were written."""
     with engine(url).connect() as conn:
@@ -194,6 +201,51 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "try", name)
         if sleep:
             time.sleep(sleep)
+        record(key, "effect", name)
+        return name
+
+    @sw.tool(compensable_by="undo_paced")
+    def paced(key: str, name: str, sleep: float = 0.0, undo_pause: float = 0.0) -> str:
+        """Records its start ("try"), takes ``sleep`` seconds, then records its effect."""
+        record(key, "try", name)
+        if sleep:
+            time.sleep(sleep)
+        record(key, "effect", name)
+        return name
+
+    @sw.compensation
+    def undo_paced(ctx: CompensationContext) -> None:
+        """Records its start ("undo_start"), takes ``undo_pause`` seconds, then applies its
+        undo (idempotently): two undos that overlap in time interleave their rows."""
+        record(ctx.args[0], "undo_start", ctx.args[1], attempt=ctx.attempt)
+        time.sleep(float(ctx.kwargs.get("undo_pause", 0.0)))
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1], attempt=ctx.attempt)
+
+    @sw.tool(compensable_by="undo_kills_worker")
+    def deadly_undo_step(key: str, name: str) -> str:
+        record(key, "effect", name)
+        return name
+
+    @sw.compensation
+    def undo_kills_worker(ctx: CompensationContext) -> None:
+        """Kills its worker process on every try (an OOM kill, a segfault), after writing
+        an ``undo_try`` row that proves the try really began."""
+        record(ctx.args[0], "undo_try", ctx.args[1], attempt=ctx.attempt)
+        os._exit(1)
+
+    @sw.tool(compensable_by="undo_step", idempotent=True)
+    def idem_kills_worker(key: str, name: str) -> str:
+        """Idempotent, and kills its worker process on every attempt, after its "try" row."""
+        record(key, "try", name)
+        os._exit(1)
+
+    @sw.tool(compensable_by="undo_step", autoretry_for=(Boom,), max_retries=2,
+             default_retry_delay=3)
+    def retried_later(key: str, name: str, failures: int) -> str:
+        """Like ``retried``, but Celery retries it 3 s later (an ETA message that waits)."""
+        record(key, "try", name)
+        if count(key, "try", name) <= failures:
+            raise Boom(f"{name} transient failure")
         record(key, "effect", name)
         return name
 

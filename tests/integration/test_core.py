@@ -204,6 +204,7 @@ def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> N
     assert cluster.sw.inspect(key).entries[1].phase is Phase.INTENT  # still running
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
+    # latest first, the late arrival included (SPEC 4): never the forward order
     assert [r.tool for r in cluster.ledger(key) if r.kind == "undo"] == ["slow", "fast"]
     assert [o.seq for o in res.report.outcomes] == [2, 1]
     assert res.error == "cancelled by customer"
