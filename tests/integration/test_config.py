@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sagaworker import OutcomeResult, SagaStatus
-from tests.conftest import BROKERS, _broker, need, new_settings, uid, worker_env
+from tests.conftest import (
+    BROKERS,
+    ROOT,
+    _broker,
+    _pg,
+    need,
+    new_settings,
+    uid,
+    worker_env,
+)
 
 pytestmark = pytest.mark.services
 
@@ -68,3 +79,47 @@ def test_worker_of_an_app_configured_after_sagaworker_compensates(
                     ch.queue_delete(n)
                 except Exception:
                     ch = c.channel()
+
+
+@pytest.fixture
+def fresh_pg_url() -> Iterator[str]:
+    """An empty PostgreSQL database (not migrated), dropped afterwards."""
+    need("PostgreSQL", _pg)
+    import psycopg
+
+    name = f"sw_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_db_upgrade_migrates_the_apps_postgresql_database(fresh_pg_url: str,
+                                                         tmp_path: Path) -> None:
+    """`sagaworker -A module db upgrade`, with the module's `Sagaworker(app,
+    database_url=<PostgreSQL>)` and no SAGAWORKER_* variable: PostgreSQL is migrated and
+    no ./sagaworker.db appears."""
+    from sqlalchemy import create_engine, inspect
+
+    from sagaworker._schema import metadata
+
+    (tmp_path / "pg_cli_app.py").write_text(
+        "from celery import Celery\n"
+        "from sagaworker import Sagaworker\n"
+        "app = Celery('pg_cli_app')\n"
+        f"sw = Sagaworker(app, database_url={fresh_pg_url!r})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    cli = Path(sys.executable).with_name("sagaworker")
+    r = subprocess.run([str(cli), "-A", "pg_cli_app", "db", "upgrade"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert fresh_pg_url.rsplit("/", 1)[1] in r.stdout
+    engine = create_engine(fresh_pg_url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"sagaworker_alembic_version", *metadata.tables} <= tables
+    assert not (tmp_path / "sagaworker.db").exists()
