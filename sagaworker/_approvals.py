@@ -81,7 +81,9 @@ class Gate:
 
     @property
     def signer(self) -> Signer:
-        return Signer(self.sw.settings.approval_secret, self.sw.settings.approval_ttl)
+        secret = self.sw.settings.approval_secret
+        return Signer(secret.get_secret_value() if secret is not None else None,
+                      self.sw.settings.approval_ttl)
 
     def pending(self) -> list[ApprovalRequest]:
         signer = self.signer

@@ -19,6 +19,7 @@ real compensation runner); gated steps are approved automatically.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import SecretStr
 from sqlalchemy import update
 
 from ._compensation import current_compensation
@@ -89,7 +91,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     sw.__dict__.update(_engine=engine, _journal=journal, _transitions=Transitions(journal),
                        settings=sw.settings.model_copy(update={
                            "compensation_backoff": 0.0, "database_url": url,
-                           "approval_secret": sw.settings.approval_secret or "harness"}))
+                           "approval_secret": sw.settings.approval_secret
+                           or SecretStr(secrets.token_urlsafe(32))}))
     sw.ensure_valid()
     for name, spec in sw.registry.tools.items():
         spec.fn = _spy_tool(plan, name, spec.fn)

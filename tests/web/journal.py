@@ -12,7 +12,7 @@ from celery import Celery
 
 from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
 
-SECRET = "web-tests-approval-secret"
+SECRET = "web-tests-approval-secret-0123456789abcdef"
 
 
 class Declined(Exception):
