@@ -133,11 +133,13 @@ class CeleryWiring:
             conf.broker_transport = REDIS_TRANSPORT
         if str(conf.broker_url).startswith("filesystem"):
             folder = os.path.abspath(s.broker_folder)
-            for sub in ("out", "processed"):
+            for sub in ("out", "processed", "control"):
                 os.makedirs(os.path.join(folder, sub), exist_ok=True)
             opts.setdefault("data_folder_in", os.path.join(folder, "out"))
             opts.setdefault("data_folder_out", os.path.join(folder, "out"))
             opts.setdefault("processed_folder", os.path.join(folder, "processed"))
+            # kombu's exchange tables, else a ./control folder wherever the process runs
+            opts.setdefault("control_folder", os.path.join(folder, "control"))
             opts.setdefault("store_processed", False)
             opts.setdefault("polling_interval", 0.05)
         # Redis redelivers an unacked task after the visibility timeout (SPEC 6); amqp
