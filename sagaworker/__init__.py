@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._core import Sagaworker
+from ._dialect import make_engine
 from ._errors import (
     ApprovalInvalid,
     ApprovalRejected,
@@ -59,6 +60,7 @@ __all__ = [
     "ToolFailed",
     "configure_logging",
     "current_idempotency_key",
+    "make_engine",
     "plain",
 ]
 __version__ = "0.1.0"

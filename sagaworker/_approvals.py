@@ -19,9 +19,10 @@ from ._lifecycle import move
 from ._logging import get_logger
 from ._runtime import Runtime
 from ._schema import entries, sagas
+from ._settings import Settings
 from ._types import OPEN, ApprovalRequest, Phase, SagaStatus
 
-__all__ = ["Gate", "Signer"]
+__all__ = ["Gate", "Signer", "signer_for"]
 
 log = get_logger()
 
@@ -78,13 +79,19 @@ class Signer:
         return body
 
 
+def signer_for(settings: Settings) -> Signer:
+    secret = settings.approval_secret
+    return Signer(secret.get_secret_value() if secret is not None else None,
+                  settings.approval_ttl)
+
+
 class Gate:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
     @property
     def signer(self) -> Signer:
-        return Signer(self.rt.settings.approval_secret, self.rt.settings.approval_ttl)
+        return signer_for(self.rt.settings)
 
     def pending(self) -> list[ApprovalRequest]:
         """Open gates of sagas never asked to fail (a failing saga's gates are closed)."""

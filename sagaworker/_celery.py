@@ -1,10 +1,61 @@
-"""Celery wiring: queues, reliability settings, internal tasks, worker signals."""
+"""Celery wiring: queues, reliability settings, internal tasks, worker signals.
+
+sagaworker's Celery settings hold however the app is configured (SPEC 8). Celery apps
+are configured in any order: ``app.config_from_object()`` before or after
+``Sagaworker(app)`` (Celery reads that object lazily and, once configured, *replaces*
+the whole configuration with it), ``app.conf.update()`` at any time. So the settings are
+applied (idempotently) when ``Sagaworker(app)`` is created, and again on every signal
+that follows a change: ``app.on_after_configure`` (each time Celery (re)loads the
+configuration), ``app.on_after_finalize``, ``celeryd_init`` (a worker program, before it
+reads its queues and prefetch), ``worker_init`` and ``beat_init`` (before the beat
+scheduler reads ``beat_schedule``).
+
+Each setting is one of three kinds:
+
+- **ours** (set every time): ``worker_prefetch_multiplier = 1``. A lost worker then holds
+  back at most one task per process; SPEC 8 makes prefetch sagaworker's choice. A
+  worker started with ``--prefetch-multiplier N`` is brought back to 1 at ``worker_init``
+  (with a warning), since Celery reads that flag from the configuration before any
+  signal could restore it.
+- **merged**: ``task_queues`` (the app's queues are kept; the default queue, the
+  ``sagaworker`` queue and every tool's ``queue`` are added unless the app declares a
+  queue of that name itself), ``task_routes`` (a route for ``sagaworker.*`` tasks is
+  appended after the app's) and ``beat_schedule`` (sagaworker's two entries are added
+  unless the app has entries of those names). ``broker_transport_options`` gets the
+  Redis visibility timeout and publisher confirms unless the app set them.
+- **defaults** (set only while nobody else set them): ``broker_url``,
+  ``task_acks_on_failure_or_timeout = True``, ``broker_connection_retry_on_startup =
+  True``, ``worker_cancel_long_running_tasks_on_connection_loss = False``.
+
+A worker refuses to start (a message on stderr naming the setting, exit code 3) when a
+setting the app chose would break a guarantee:
+
+- **a pickle serializer** in ``task_serializer``, ``result_serializer``,
+  ``accept_content`` or ``result_accept_content`` (or a tool's ``serializer=``): a worker
+  that accepts pickle runs whatever code a message carries, before sagaworker sees the
+  message, so the bad-input guarantee (a poison message is journaled and dead-lettered)
+  and the journal's JSON arguments no longer describe what ran.
+- **``worker_cancel_long_running_tasks_on_connection_loss = True``**: every tool running
+  when the broker connection drops would be cancelled mid-effect, turning each in-flight
+  step into an in-doubt one (SPEC 6) instead of letting it finish and journal its
+  outcome while the lease keeps the redelivered copy away.
+- **early acks on a tool task**: ``sw.tool(acks_late=False)`` or
+  ``reject_on_worker_lost=False``. A tool message acknowledged before the tool ran, or
+  not requeued when its worker dies, is lost with the worker (SPEC 6: late acks,
+  requeued when a worker is lost).
+
+Not refused: ``task_acks_late = False`` (and the other ``task_acks_*`` defaults) only
+reach the app's own tasks. Tool tasks and sagaworker's internal tasks set ``acks_late``
+and ``reject_on_worker_lost`` on the task itself, which Celery's configuration never
+overrides.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import structlog
@@ -15,6 +66,7 @@ from ._compensation import Compensator
 from ._errors import ConfigurationError
 from ._execution import Executor
 from ._logging import configure_logging, get_logger
+from ._registry import Registry
 from ._runtime import Runtime
 from ._settings import Settings
 from ._sweeper import Sweeper
@@ -32,6 +84,7 @@ class Host(Protocol):
 
     app: Celery
     rt: Runtime
+    registry: Registry
     compensator: Compensator
     sweeper: Sweeper
     executor: Executor
@@ -48,6 +101,21 @@ DEAD_LETTER_EXCHANGE = "sagaworker.dlx"
 DEAD_LETTER_QUEUE = "sagaworker.dead"
 _DLX_ARGS = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE,
              "x-dead-letter-routing-key": DEAD_LETTER_QUEUE}
+#: settings sagaworker sets only while neither the app nor its config object set them
+_DEFAULTS = {"task_acks_on_failure_or_timeout": True,
+             "broker_connection_retry_on_startup": True,
+             # Keep running tools running when the broker connection drops: their messages
+             # are redelivered, and the entry's lease makes the copy leave the attempt be.
+             # Cancelling them instead would turn every in-flight step into an in-doubt one.
+             "worker_cancel_long_running_tasks_on_connection_loss": False}
+_SERIALIZER_SETTINGS = ("task_serializer", "result_serializer", "accept_content",
+                        "result_accept_content")
+_PICKLE = ("pickle", "application/x-python-serialize")
+
+
+def _pickles(value: Any) -> bool:
+    values = [value] if isinstance(value, str) else list(value or ())
+    return any(str(v).strip().lower() in _PICKLE for v in values)
 
 
 class CeleryWiring:
@@ -56,14 +124,27 @@ class CeleryWiring:
         self.app = sw.app
         self.tasks: dict[str, Any] = {}
         self._stop = threading.Event()
-        self._configure()
+        self._tool_queues: list[str] = []
+        self._made: dict[str, Queue] = {}  # the queue declarations sagaworker made
+        self._route: dict[str, Any] = {"sagaworker.*": {"queue": sw.settings.queue}}
+        self.apply_settings()
         self._register_tasks()
         self._connect_signals()
 
     # -- configuration ----------------------------------------------------------
 
-    def _configure(self) -> None:
+    @property
+    def queue_names(self) -> list[str]:
+        """The queues sagaworker adds: the default queue, its own, the tools' queues."""
+        default = self.app.conf.task_default_queue or "celery"
+        return list(dict.fromkeys([default, self.sw.settings.queue, *self._tool_queues]))
+
+    def apply_settings(self) -> None:
+        """Apply (again) sagaworker's settings to the app's configuration; idempotent."""
         s, conf = self.sw.settings, self.app.conf
+        for key, value in _DEFAULTS.items():
+            if not conf.value_set_for(key):
+                conf[key] = value
         if not conf.broker_url:
             conf.broker_url = s.broker_url
         opts = dict(conf.broker_transport_options or {})
@@ -73,55 +154,143 @@ class CeleryWiring:
             conf.broker_transport = REDIS_TRANSPORT
         if str(conf.broker_url).startswith("filesystem"):
             folder = os.path.abspath(s.broker_folder)
-            for sub in ("out", "processed"):
+            for sub in ("out", "processed", "control"):
                 os.makedirs(os.path.join(folder, sub), exist_ok=True)
             opts.setdefault("data_folder_in", os.path.join(folder, "out"))
             opts.setdefault("data_folder_out", os.path.join(folder, "out"))
             opts.setdefault("processed_folder", os.path.join(folder, "processed"))
+            # kombu's exchange tables, else a ./control folder wherever the process runs
+            opts.setdefault("control_folder", os.path.join(folder, "control"))
             opts.setdefault("store_processed", False)
             opts.setdefault("polling_interval", 0.05)
         # Redis redelivers an unacked task after the visibility timeout (SPEC 6); amqp
         # publisher confirms make a publish return only once the broker has the message.
         opts.setdefault("visibility_timeout", int(s.redeliver_after))
         opts.setdefault("confirm_publish", True)
-        conf.broker_transport_options = opts
+        if opts != conf.broker_transport_options:
+            conf.broker_transport_options = opts
         conf.worker_prefetch_multiplier = 1  # a lost worker holds back at most one task
-        conf.task_acks_on_failure_or_timeout = True
-        conf.broker_connection_retry_on_startup = True
-        # Keep running tools running when the broker connection drops: their messages are
-        # redelivered, and the entry's lease makes the copy leave the attempt be. Cancelling
-        # them instead would turn every in-flight step into an in-doubt one.
-        conf.worker_cancel_long_running_tasks_on_connection_loss = False
-        default = conf.task_default_queue or "celery"
-        self.queue_names = [default, s.queue]
         self._apply_queues()
-        schedule = dict(conf.beat_schedule or {})
-        schedule.setdefault("sagaworker-sweep", {
-            "task": "sagaworker.sweep", "schedule": max(s.sweep_interval, 5.0),
-            "options": {"queue": s.queue, "expires": max(s.sweep_interval, 5.0)}})
-        schedule.setdefault("sagaworker-orphans", {
-            "task": "sagaworker.orphans", "schedule": 60.0,
-            "options": {"queue": s.queue, "expires": 60.0}})
-        conf.beat_schedule = schedule
+        self._apply_routes()
+        self._apply_beat_schedule()
 
     def add_queue(self, name: str) -> None:
-        if name not in self.queue_names:
-            self.queue_names.append(name)
+        if name not in self._tool_queues:
+            self._tool_queues.append(name)
             self._apply_queues()
 
-    def _apply_queues(self) -> None:
+    def _queue(self, name: str) -> Queue:
         # Poison messages are rejected without requeue; on RabbitMQ they dead-letter to
         # sagaworker.dead instead of vanishing (other transports ignore the arguments).
-        self.app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n,
-                                           queue_arguments=_DLX_ARGS)
-                                     for n in self.queue_names]
+        if name not in self._made:
+            self._made[name] = Queue(name, Exchange(name), routing_key=name,
+                                     queue_arguments=_DLX_ARGS)
+        return self._made[name]
+
+    def _apply_queues(self) -> None:
+        conf = self.app.conf
+        current = conf.task_queues
+        mine = {id(q) for q in self._made.values()}
+        wanted = self.queue_names
+        merged: Any
+        if isinstance(current, Mapping):  # {name: Queue or {options}}
+            merged = {k: v for k, v in current.items() if id(v) not in mine}
+            merged.update({n: self._queue(n) for n in wanted if n not in merged})
+        else:  # a list or tuple of Queue
+            merged = [q for q in (current or ()) if id(q) not in mine]
+            names = {q.name for q in merged}
+            merged += [self._queue(n) for n in wanted if n not in names]
+        conf.task_queues = merged
+        self._sync_amqp_queues(merged)
+
+    def _sync_amqp_queues(self, declared: Any) -> None:
+        """Celery caches ``app.amqp.queues`` on first use: add what it is missing."""
+        amqp = vars(self.app).get("amqp")
+        table = vars(amqp).get("queues") if amqp is not None else None
+        if table is None:
+            return
+        items = declared.items() if isinstance(declared, Mapping) else (
+            (q.name, q) for q in declared)
+        for name, q in items:
+            if name in table:
+                continue  # already routed (and maybe deselected with -X: left so)
+            queue = q if isinstance(q, Queue) else table.add_compat(name, **q)
+            if table._consume_from is None:  # no -Q: consume every declared queue
+                table.select_add(queue)
+            else:  # -Q chose what this worker consumes: only route to it
+                table.add(queue)
+
+    def _apply_routes(self) -> None:
+        conf = self.app.conf
+        current = conf.task_routes
+        merged: Any
+        if current is None:
+            merged = (self._route,)
+        elif isinstance(current, Mapping):
+            if all(k in current for k in self._route):
+                return
+            merged = (current, self._route)
+        elif isinstance(current, list | tuple):
+            if any(r is self._route for r in current):
+                return
+            merged = (*current, self._route)
+        else:  # one router: a function or its dotted name
+            merged = (current, self._route)
+        conf.task_routes = merged
+
+    def _apply_beat_schedule(self) -> None:
+        s, conf = self.sw.settings, self.app.conf
+        ours = {
+            "sagaworker-sweep": {
+                "task": "sagaworker.sweep", "schedule": max(s.sweep_interval, 5.0),
+                "options": {"queue": s.queue, "expires": max(s.sweep_interval, 5.0)}},
+            "sagaworker-orphans": {
+                "task": "sagaworker.orphans", "schedule": 60.0,
+                "options": {"queue": s.queue, "expires": 60.0}},
+        }
+        current = conf.beat_schedule or {}
+        if all(k in current for k in ours):
+            return
+        conf.beat_schedule = {**current, **{k: v for k, v in ours.items() if k not in current}}
+
+    def guarantee_problems(self) -> list[str]:
+        """What in the app's settings would break a guarantee (see the module docstring)."""
+        conf, problems = self.app.conf, []
+        for key in _SERIALIZER_SETTINGS:
+            value = conf.get(key)
+            if _pickles(value):
+                fix = "['json']" if key.endswith("accept_content") else "'json'"
+                problems.append(f"{key}={value!r} allows pickle, and a pickled message runs "
+                                f"code before sagaworker can check it; set {key} = {fix}")
+        if conf.get("worker_cancel_long_running_tasks_on_connection_loss"):
+            problems.append(
+                "worker_cancel_long_running_tasks_on_connection_loss=True cancels running "
+                "tools when the broker connection drops, leaving their effects in doubt; "
+                "remove it or set it to False")
+        for spec in self.sw.registry.tools.values():
+            task = spec.task
+            if task is None:
+                continue
+            serializer = getattr(task, "serializer", None)
+            if _pickles(serializer) and not _pickles(conf.get("task_serializer")):
+                problems.append(f"tool {spec.name!r} has serializer={serializer!r}; drop "
+                                "that option from its @sw.tool(...) (tool messages are JSON)")
+            for attr in ("acks_late", "reject_on_worker_lost"):
+                if getattr(task, attr, True) is False:
+                    problems.append(
+                        f"tool {spec.name!r} sets {attr}=False: its message would be lost "
+                        f"with a worker that dies while running it; drop {attr}=False from "
+                        "its @sw.tool(...) options")
+        return problems
 
     # -- internal tasks ---------------------------------------------------------
 
     def _register_tasks(self) -> None:
         sw, app = self.sw, self.app
+        # shared=False: Celery would otherwise hand these tasks, bound to this
+        # Sagaworker, to every other app finalized in the process
         common = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
-                  "queue": sw.settings.queue}
+                  "queue": sw.settings.queue, "shared": False}
 
         def context(task: Any) -> Any:
             return structlog.contextvars.bound_contextvars(task_id=task.request.id,
@@ -156,6 +325,13 @@ class CeleryWiring:
 
     def _connect_signals(self) -> None:
         uid = f"sagaworker-{id(self)}"
+        # the app's own signals: the configuration was (re)loaded, the app finalized
+        self.app.on_after_configure.connect(self._on_app_configured, weak=False,
+                                            dispatch_uid=uid)
+        self.app.on_after_finalize.connect(self._on_app_configured, weak=False,
+                                           dispatch_uid=uid)
+        signals.celeryd_init.connect(self._on_celeryd_init, weak=False, dispatch_uid=uid)
+        signals.beat_init.connect(self._on_beat_init, weak=False, dispatch_uid=uid)
         signals.worker_init.connect(self._on_worker_init, weak=False, dispatch_uid=uid)
         signals.setup_logging.connect(self._on_setup_logging, weak=False, dispatch_uid=uid)
         signals.worker_process_init.connect(self._on_process_init, weak=False,
@@ -163,18 +339,51 @@ class CeleryWiring:
         signals.worker_ready.connect(self._on_ready, weak=False, dispatch_uid=uid)
         signals.worker_shutdown.connect(self._on_shutdown, weak=False, dispatch_uid=uid)
 
+    def _on_app_configured(self, sender: Any = None, **_: Any) -> None:
+        if sender is None or sender is self.app:
+            self.apply_settings()
+
+    def _on_celeryd_init(self, sender: Any = None, instance: Any = None, **_: Any) -> None:
+        # A worker program, before it reads its queues (-Q) and its prefetch, and before
+        # Celery's own root check on accept_content.
+        if not self._mine(instance):
+            return
+        self.apply_settings()
+        self._refuse_bad_settings()
+
+    def _on_beat_init(self, sender: Any = None, **_: Any) -> None:
+        if self._mine(sender):  # before the scheduler reads beat_schedule
+            self.apply_settings()
+
+    def _refuse(self, why: str) -> None:
+        # Celery's signal dispatch logs and swallows receiver errors, so refuse to boot
+        # the hard way.
+        print(f"sagaworker: refusing to start the worker: {why}", file=sys.stderr,
+              flush=True)
+        log.critical("worker_refused", error=why)
+        os._exit(3)
+
+    def _refuse_bad_settings(self) -> None:
+        problems = self.guarantee_problems()
+        if problems:
+            self._refuse("\n  ".join(problems))
+
     def _on_worker_init(self, sender: Any = None, **_: Any) -> None:
         if not self._mine(sender):
             return
+        self.apply_settings()
+        self._refuse_bad_settings()
         try:
             self.sw.validate()
         except ConfigurationError as exc:
-            # Celery's signal dispatch logs and swallows receiver errors, so refuse to
-            # boot the hard way: a worker must never start with an undo it cannot run.
-            print(f"sagaworker: refusing to start the worker: {exc}", file=sys.stderr,
-                  flush=True)
-            log.critical("worker_refused", error=str(exc))
-            os._exit(3)
+            # a worker must never start with an undo it cannot run
+            self._refuse(str(exc))
+        prefetch = getattr(sender, "prefetch_multiplier", None)
+        if prefetch is not None and prefetch != 1:
+            # `--prefetch-multiplier N`, or a value Celery read before any signal could
+            # restore ours: the consumer is not built yet, so this still takes effect
+            log.warning("prefetch_multiplier_overridden", requested=prefetch, applied=1)
+            sender.prefetch_multiplier = 1
 
     def _on_setup_logging(self, **_: Any) -> None:
         s = self.sw.settings

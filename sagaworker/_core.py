@@ -112,7 +112,8 @@ class Sagaworker:
 
             run.__name__, run.__qualname__, run.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
             run.__module__ = fn.__module__
-            task = self.app.task(bind=True, base=ToolTask, name=task_name,
+            # shared=False: Celery would otherwise hand the task to every app in the process
+            task = self.app.task(bind=True, base=ToolTask, name=task_name, shared=False,
                                  sagaworker_executor=executor, sagaworker_spec=spec,
                                  **celery_task_options)(run)
             spec.task = task

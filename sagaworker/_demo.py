@@ -38,7 +38,7 @@ def start_worker(app: str, env: dict[str, str], log: Path, *, concurrency: int =
 
 def run_demo(*, keep: bool = False) -> int:
     folder = Path(tempfile.mkdtemp(prefix="sagaworker-demo-"))
-    secret = secrets.token_hex(16)
+    secret = secrets.token_urlsafe(32)
     env = {**os.environ,
            "SAGAWORKER_DATABASE_URL": f"sqlite:///{folder / 'journal.db'}",
            "SAGAWORKER_BROKER_URL": "filesystem://",

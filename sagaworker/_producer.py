@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ._approvals import Signer
+from ._approvals import signer_for
 from ._canonical import args_digest, canonical_args
 from ._errors import BadInput, SagaworkerError
 from ._journal import NewEntry
@@ -52,7 +52,7 @@ class Producer:
                 "(str, int, float, bool, None, list, dict with str keys)") from exc
         if spec.gated:
             # a gate that nobody could ever decide must not be journaled
-            Signer(self.rt.settings.approval_secret, self.rt.settings.approval_ttl).check()
+            signer_for(self.rt.settings).check()
         limit = self.rt.settings.max_args_bytes
         if len(encoded.encode()) > limit:
             raise BadInput(

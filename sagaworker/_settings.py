@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "embedded_broker_url", "embedded_database_url"]
+__all__ = ["MIN_SECRET_BYTES", "Settings", "embedded_broker_url", "embedded_database_url"]
+
+#: the shortest approval secret accepted: an HMAC-SHA256 key worth its 256 bits
+MIN_SECRET_BYTES = 32
 
 
 def embedded_database_url() -> str:
@@ -26,12 +29,15 @@ class Settings(BaseSettings):
     """Every ``SAGAWORKER_*`` variable. Unknown variables are ignored."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SAGAWORKER_", env_file=".env", extra="ignore", frozen=True
+        env_prefix="SAGAWORKER_", env_file=".env", extra="ignore", frozen=True,
+        # a rejected value (a short secret, a URL with a password) is not echoed back
+        hide_input_in_errors=True,
     )
 
     database_url: str = Field(default_factory=embedded_database_url)
     broker_url: str = Field(default_factory=embedded_broker_url)
-    approval_secret: str | None = None
+    #: the HMAC key of approval tokens; a SecretStr, so no repr, log or traceback shows it
+    approval_secret: SecretStr | None = None
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     compensation_retries: int = Field(default=3, ge=0)
@@ -58,6 +64,19 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     #: filesystem broker folder (embedded default only)
     broker_folder: str = ".sagaworker/broker"
+
+    @field_validator("approval_secret", mode="before")
+    @classmethod
+    def _secret(cls, v: Any) -> Any:
+        raw = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if raw is None or raw == "":
+            return None  # unset (an empty SAGAWORKER_APPROVAL_SECRET= line included)
+        if isinstance(raw, str) and len(raw.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"SAGAWORKER_APPROVAL_SECRET is {len(raw.encode())} bytes; an approval secret "
+                f"needs at least {MIN_SECRET_BYTES} random bytes. Make one with: "
+                'python -c "import secrets; print(secrets.token_urlsafe(32))"')
+        return v
 
     @field_validator("log_level")
     @classmethod

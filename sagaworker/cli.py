@@ -19,31 +19,50 @@ __all__ = ["main"]
 
 
 def load(app_module: str | None) -> Any:
-    """Find the Sagaworker in the app module (SAGAWORKER_APP or -A)."""
+    """Find the Sagaworker in the app module (-A, else SAGAWORKER_APP, else 'tasks')."""
     from ._core import Sagaworker
 
     name = app_module or Settings().app
-    sys.path.insert(0, os.getcwd())
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(name)
-    except ImportError as exc:
-        raise click.UsageError(f"cannot import app module {name!r} ({exc}); pass -A MODULE "
-                               "or set SAGAWORKER_APP") from exc
+    except Exception as exc:
+        raise click.UsageError(
+            f"cannot load the app module {name!r} ({type(exc).__name__}: {exc}); name the "
+            "module holding your Celery app and its Sagaworker with -A MODULE or "
+            "SAGAWORKER_APP, or pass --database-url for `db upgrade`") from exc
     for value in vars(mod).values():
         if isinstance(value, Sagaworker):
             return value
-    raise click.UsageError(f"module {name!r} holds no Sagaworker instance")
+    raise click.UsageError(f"module {name!r} holds no Sagaworker instance; pass -A MODULE "
+                           "or set SAGAWORKER_APP to the module that creates it")
+
+
+def use_database(sw: Any, database_url: str) -> None:
+    """Point a loaded Sagaworker at another journal database (--database-url)."""
+    if database_url == sw.settings.database_url:
+        return
+    sw.settings = sw.settings.model_copy(update={"database_url": database_url})
+    if getattr(sw, "_engine", None) is not None:  # the app module already used the journal
+        sw._engine.dispose()
+        sw._engine = None
 
 
 class Ctx:
-    def __init__(self, app: str | None) -> None:
+    def __init__(self, app: str | None, database_url: str | None) -> None:
         self.app = app
+        self.database_url = database_url
         self._sw: Any = None
 
     @property
     def sw(self) -> Any:
+        """The app's Sagaworker, on --database-url when given."""
         if self._sw is None:
-            self._sw = load(self.app)
+            sw = load(self.app)
+            if self.database_url:
+                use_database(sw, self.database_url)
+            self._sw = sw
         return self._sw
 
 
@@ -53,10 +72,16 @@ pass_ctx = click.make_pass_decorator(Ctx)
 @click.group()
 @click.option("-A", "--app", "app", default=None, help="module holding the Celery app and "
               "the Sagaworker (default: $SAGAWORKER_APP or 'tasks')")
+@click.option("--database-url", default=None, help="journal database to use instead of the "
+              "one the app's Sagaworker was given")
 @click.pass_context
-def main(ctx: click.Context, app: str | None) -> None:
-    """sagaworker: journaled, compensable tool tasks on Celery."""
-    ctx.obj = Ctx(app)
+def main(ctx: click.Context, app: str | None, database_url: str | None) -> None:
+    """sagaworker: journaled, compensable tool tasks on Celery.
+
+    Every command uses the database of the app's Sagaworker (-A MODULE or SAGAWORKER_APP),
+    unless --database-url names another.
+    """
+    ctx.obj = Ctx(app, database_url)
 
 
 def refuse(msg: str) -> None:
@@ -69,6 +94,11 @@ def refuse(msg: str) -> None:
 @pass_ctx
 def worker(c: Ctx, celery_args: tuple[str, ...]) -> None:
     """A Celery worker for the configured app (extra arguments go to `celery worker`)."""
+    if c.database_url:
+        # the app's Sagaworker names its own database: run the worker in this process,
+        # on the loaded app, so that --database-url replaces it
+        c.sw.app.worker_main(["worker", *celery_args])
+        return
     app = c.app or Settings().app
     os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A", app, "worker",
                                *celery_args])
@@ -187,13 +217,18 @@ def db() -> None:
 
 
 @db.command()
-@click.option("--database-url", default=None, help="default: SAGAWORKER_DATABASE_URL")
-def upgrade(database_url: str | None) -> None:
-    """Apply the schema migrations (Alembic) to the journal database."""
+@click.option("--database-url", default=None, help="the database to migrate (default: the "
+              "one the app's Sagaworker was given)")
+@pass_ctx
+def upgrade(c: Ctx, database_url: str | None) -> None:
+    """Apply the schema migrations (Alembic) to the app's journal database."""
+    from sqlalchemy.engine import make_url
+
     from ._migrate import upgrade as run
 
-    run(database_url or Settings().database_url)
-    click.echo("journal schema is up to date")
+    url = database_url or c.database_url or c.sw.settings.database_url
+    run(url)
+    click.echo(f"journal schema is up to date in {make_url(url).render_as_string()}")
 
 
 @main.command()

@@ -19,6 +19,7 @@ real compensation runner); gated steps are approved automatically.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import SecretStr
 from sqlalchemy import update
 
 from ._compensation import current_compensation
@@ -118,7 +120,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     journal.create_all()
     rt.use(journal, sw.settings.model_copy(update={
         "compensation_backoff": 0.0, "database_url": url,
-        "approval_secret": sw.settings.approval_secret or "harness"}))
+        "approval_secret": sw.settings.approval_secret
+        or SecretStr(secrets.token_urlsafe(32))}))
     rt.bus = _InProcessBus(sw, plan, engine)
     sw.ensure_valid()
     for name, spec in sw.registry.tools.items():

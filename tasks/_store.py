@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, insert, select, update
 
-from sagaworker._dialect import make_engine
+from sagaworker import make_engine
 
 metadata = MetaData()
 holds = Table("example_holds", metadata,

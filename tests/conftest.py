@@ -18,6 +18,9 @@ from sagaworker import Sagaworker, Settings
 ROOT = Path(__file__).resolve().parent.parent
 CI = os.environ.get("CI") == "true"
 PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
+#: approval secrets of the test settings (at least 32 bytes, as the settings demand)
+TEST_SECRET = "test-secret-0123456789abcdefghijklmnop"
+UNIT_SECRET = "unit-secret-0123456789abcdefghijklmnop"
 BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/0"}
 
@@ -76,7 +79,8 @@ def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str
         "SAGAWORKER_QUEUE": settings.queue,
         "SAGAWORKER_COMPENSATION_RETRIES": str(settings.compensation_retries),
         "SAGAWORKER_COMPENSATION_BACKOFF": str(settings.compensation_backoff),
-        "SAGAWORKER_APPROVAL_SECRET": settings.approval_secret or "",
+        "SAGAWORKER_APPROVAL_SECRET": (settings.approval_secret.get_secret_value()
+                                       if settings.approval_secret else ""),
         "SAGAWORKER_REDELIVER_AFTER": str(settings.redeliver_after),
         "SAGAWORKER_RELAY_AFTER": str(settings.relay_after),
         "SAGAWORKER_SWEEP_INTERVAL": str(settings.sweep_interval),
@@ -168,7 +172,7 @@ def new_settings(database_url: str, broker_url: str, tmp: Path, **over: Any) -> 
         "database_url": database_url, "broker_url": broker_url,
         "broker_folder": str(tmp / "broker"), "queue": f"sw-{uuid.uuid4().hex[:8]}",
         "compensation_retries": 2, "compensation_backoff": 0.05,
-        "approval_secret": "test-secret", "redeliver_after": 30, "relay_after": 5,
+        "approval_secret": TEST_SECRET, "redeliver_after": 30, "relay_after": 5,
         "sweep_interval": 1,
     }
     base.update(over)
@@ -225,6 +229,6 @@ def sqlite_sw(tmp_path: Path) -> Iterator[Sagaworker]:
 
     app = Celery("unit", broker="memory://")
     s = Settings(database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
-                 approval_secret="unit-secret", broker_folder=str(tmp_path / "b"))
+                 approval_secret=UNIT_SECRET, broker_folder=str(tmp_path / "b"))
     yield Sagaworker(app, settings=s)
 

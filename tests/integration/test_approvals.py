@@ -20,7 +20,7 @@ from sagaworker import (
 )
 from sagaworker._approvals import Signer
 from sagaworker._schema import entries
-from tests.conftest import Cluster, uid, wait_for
+from tests.conftest import TEST_SECRET, Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services
 T = 60
@@ -92,11 +92,11 @@ def test_bad_tokens_are_refused_and_change_nothing(cluster: Cluster) -> None:
     candidates = [
         Signer("not-the-secret", 60).sign(key, 2, row.tool_name, row.args_digest,
                                          row.approval_nonce),
-        Signer("test-secret", 60).sign(key, 2, "tests.app.step", row.args_digest,
+        Signer(TEST_SECRET, 60).sign(key, 2, "tests.app.step", row.args_digest,
                                       row.approval_nonce),
-        Signer("test-secret", 60).sign(key, 2, row.tool_name, "0" * 64, row.approval_nonce),
-        Signer("test-secret", 60).sign(key, 2, row.tool_name, row.args_digest, "guessed"),
-        Signer("test-secret", 60).sign(key, 1, row.tool_name, row.args_digest,
+        Signer(TEST_SECRET, 60).sign(key, 2, row.tool_name, "0" * 64, row.approval_nonce),
+        Signer(TEST_SECRET, 60).sign(key, 2, row.tool_name, row.args_digest, "guessed"),
+        Signer(TEST_SECRET, 60).sign(key, 1, row.tool_name, row.args_digest,
                                       row.approval_nonce),
     ]
     payload, mac = good.split(".")
@@ -117,7 +117,7 @@ def test_expired_token_leaves_the_gate_open(cluster: Cluster) -> None:
     """An expired token is refused; pending_approvals() then hands out a fresh one."""
     key, _, ship = gated(cluster)
     row = cluster.sw.journal.entry_row(key, 2)
-    stale = Signer("test-secret", -10).sign(key, 2, row.tool_name, row.args_digest,
+    stale = Signer(TEST_SECRET, -10).sign(key, 2, row.tool_name, row.args_digest,
                                            row.approval_nonce)
     with pytest.raises(ApprovalInvalid, match="expired"):
         cluster.sw.approve(stale, approver="alice")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
+from celery import Celery
+from pydantic import SecretStr, ValidationError
 
-from sagaworker import ApprovalInvalid, ConfigurationError
+from sagaworker import ApprovalInvalid, ConfigurationError, Sagaworker, Settings
 from sagaworker._approvals import Signer
 
 
@@ -46,3 +49,39 @@ def test_no_secret_is_a_clear_configuration_error() -> None:
     """Without SAGAWORKER_APPROVAL_SECRET approvals refuse to work."""
     with pytest.raises(ConfigurationError, match="SAGAWORKER_APPROVAL_SECRET"):
         Signer(None, 60).sign("s", 1, "t", "d", "n")
+
+
+def test_approval_secret_is_a_secret_of_at_least_32_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secret never shows in repr or str; a short one is refused, saying how to make
+    a good one (and without echoing it); unset (or empty) stays allowed."""
+    secret = "s3cr3t-" + "x" * 25
+    s = Settings(approval_secret=secret)
+    assert isinstance(s.approval_secret, SecretStr)
+    assert s.approval_secret.get_secret_value() == secret
+    assert secret not in repr(s) and secret not in str(s)
+    assert secret not in repr(s.model_dump())
+    with pytest.raises(ValidationError) as err:
+        Settings(approval_secret="short-secret")
+    text = str(err.value)
+    assert "at least 32" in text and "secrets.token_urlsafe(32)" in text
+    assert "short-secret" not in text
+    assert Settings(approval_secret=None).approval_secret is None
+    monkeypatch.setenv("SAGAWORKER_APPROVAL_SECRET", "")
+    assert Settings().approval_secret is None
+    monkeypatch.setenv("SAGAWORKER_APPROVAL_SECRET", "tiny")
+    with pytest.raises(ValidationError, match="token_urlsafe"):
+        Settings()
+
+
+def test_a_sagaworker_signs_with_the_secret_value(tmp_path: Path) -> None:
+    """The gate keys its HMAC with the secret's value, not its masked form."""
+    secret = "k" * 32
+    sw = Sagaworker(Celery("secret-unit", broker="memory://"),
+                    settings=Settings(database_url=f"sqlite:///{tmp_path / 'j.db'}",
+                                      approval_secret=secret, broker_url="memory://",
+                                      broker_folder=str(tmp_path / "b")))
+    token = sw.gate.signer.sign("saga", 1, "tool", "d", "n")
+    assert Signer(secret, 60).verify(token)["s"] == "saga"
+    with pytest.raises(ApprovalInvalid):
+        Signer("**********", 60).verify(token)

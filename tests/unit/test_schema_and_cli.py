@@ -11,7 +11,7 @@ from pathlib import Path
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from click.testing import CliRunner
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect
 
 from sagaworker._migrate import upgrade
 from sagaworker._schema import metadata
@@ -81,3 +81,71 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["db", "upgrade", "--database-url",
                                   f"sqlite:///{tmp_path / 'u.db'}"])
     assert r.exit_code == 0 and "up to date" in r.output
+
+
+def _app_module(folder: Path, name: str, database_url: str) -> None:
+    """A module holding a Celery app and a Sagaworker given its database explicitly."""
+    (folder / f"{name}.py").write_text(
+        "from celery import Celery\n"
+        "from sagaworker import Sagaworker\n"
+        f"app = Celery({name!r})\n"
+        f"sw = Sagaworker(app, database_url={database_url!r})\n")
+
+
+def _bare_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"), PYTHONPATH=str(ROOT))
+    return env
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sagaworker.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_db_upgrade_migrates_the_apps_database(tmp_path: Path) -> None:
+    """`-A module db upgrade` migrates the database the module's Sagaworker was given, not
+    the settings' default ./sagaworker.db; --database-url overrides it."""
+    app_db, other_db = tmp_path / "app.db", tmp_path / "other.db"
+    _app_module(tmp_path, "cliapp_db", f"sqlite:///{app_db}")
+    env = _bare_env(tmp_path)
+    r = _cli(["-A", "cliapp_db", "db", "upgrade"], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    assert str(app_db) in r.stdout
+    engine = create_engine(f"sqlite:///{app_db}")
+    assert {"sagaworker_alembic_version", *metadata.tables} <= set(
+        inspect(engine).get_table_names())
+    engine.dispose()
+    assert not (tmp_path / "sagaworker.db").exists()
+    r = _cli(["-A", "cliapp_db", "--database-url", f"sqlite:///{other_db}", "db", "upgrade"],
+             tmp_path, env)
+    assert r.returncode == 0 and other_db.exists(), r.stderr
+
+
+def test_commands_use_the_apps_database_or_database_url(tmp_path: Path) -> None:
+    """Read commands see the app's journal; --database-url points them elsewhere."""
+    app_db = tmp_path / "app.db"
+    _app_module(tmp_path, "cliapp_read", f"sqlite:///{app_db}")
+    env = _bare_env(tmp_path)
+    code = "import cliapp_read; s = cliapp_read.sw.begin('in-app-db'); s.complete()"
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True)
+    r = _cli(["-A", "cliapp_read", "list", "--json"], tmp_path, env)
+    assert [s["saga_id"] for s in json.loads(r.stdout)] == ["in-app-db"], r.stderr
+    r = _cli(["-A", "cliapp_read", "--database-url", f"sqlite:///{tmp_path / 'empty.db'}",
+              "list", "--json"], tmp_path, env)
+    assert json.loads(r.stdout) == [], r.stderr
+    env["SAGAWORKER_APP"] = "cliapp_read"
+    r = _cli(["show", "in-app-db", "--json"], tmp_path, env)
+    assert json.loads(r.stdout)["status"] == "COMPLETED", r.stderr
+
+
+def test_db_upgrade_without_an_app_is_a_usage_error(tmp_path: Path) -> None:
+    """No importable app and no --database-url: exit 2 naming the ways to say which
+    database, and no ./sagaworker.db migrated behind the user's back."""
+    env = _bare_env(tmp_path)
+    env["SAGAWORKER_APP"] = "no_such_app_module"
+    r = _cli(["db", "upgrade"], tmp_path, env)
+    assert r.returncode == 2
+    for hint in ("no_such_app_module", "-A", "SAGAWORKER_APP", "--database-url"):
+        assert hint in r.stderr, r.stderr
+    assert not (tmp_path / "sagaworker.db").exists()

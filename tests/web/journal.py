@@ -16,7 +16,7 @@ from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
 from sagaworker._journal import now
 from sagaworker._schema import entries
 
-SECRET = "web-tests-approval-secret"
+SECRET = "web-tests-approval-secret-0123456789abcdef"
 
 
 class Declined(Exception):
