@@ -16,6 +16,7 @@ from ._errors import (
 from ._execution import current_idempotency_key
 from ._jsonable import plain
 from ._logging import configure_logging
+from ._redact import REDACTED, Redaction, redact_call
 from ._saga import Saga, Step, SyncSaga
 from ._settings import Settings
 from ._types import (
@@ -33,6 +34,7 @@ from ._types import (
 )
 
 __all__ = [
+    "REDACTED",
     "ApprovalInvalid",
     "ApprovalRejected",
     "ApprovalRequest",
@@ -44,6 +46,7 @@ __all__ = [
     "Outcome",
     "OutcomeResult",
     "Phase",
+    "Redaction",
     "Reversibility",
     "Saga",
     "SagaExists",
@@ -60,5 +63,6 @@ __all__ = [
     "configure_logging",
     "current_idempotency_key",
     "plain",
+    "redact_call",
 ]
 __version__ = "0.1.0"

@@ -57,7 +57,7 @@ class Sagaworker:
         self.gate = Gate(self)
         self.sweeper = Sweeper(self)
         self.wiring = CeleryWiring(self)
-        ensure_structlog()
+        ensure_structlog(self.settings.redact_keys, self.registry)
 
     # -- wiring -----------------------------------------------------------------
 
