@@ -16,6 +16,7 @@ from ._canonical import args_digest, check_json
 from ._errors import BadInput
 from ._journal import idempotency_key
 from ._logging import get_logger
+from ._redact import error_text
 from ._transitions import Held, Start, worker_id
 from ._types import OPEN, SagaStatus
 
@@ -43,6 +44,7 @@ class ToolTask(Task):  # type: ignore[misc]
 
     acks_late = True
     reject_on_worker_lost = True
+    Request = "sagaworker._redact:RedactedRequest"  # celery inspect shows argsrepr only
     ignore_result = True
     sagaworker_spec: ToolSpec
     sagaworker: Sagaworker
@@ -56,7 +58,8 @@ class ToolTask(Task):  # type: ignore[misc]
         env = (kwargs or {}).get(ENVELOPE) or {}
         self.sagaworker.executor.fail_step(
             env.get("saga_id"), env.get("seq"), self.sagaworker_spec.name,
-            f"{type(exc).__name__}: {exc}", task_id=task_id)
+            error_text(exc, self.sagaworker_spec.signature, args or (), kwargs or {},
+                       self.sagaworker.settings.redact_keys), task_id=task_id)
 
 
 class Executor:
@@ -116,7 +119,8 @@ class Executor:
         except Exception as exc:
             # The attempt ended (it raised): not in doubt. Celery now retries it or gives
             # up and calls on_failure, which journals FAILED.
-            sw.transitions.release_attempt(saga_id, seq, f"{type(exc).__name__}: {exc}")
+            sw.transitions.release_attempt(saga_id, seq, error_text(
+                exc, spec.signature, args, kwargs, sw.settings.redact_keys))
             self.tool_raised[task.request.id] = True
             raise
         finally:

@@ -12,6 +12,7 @@ from ._errors import BadInput, SagaworkerError
 from ._execution import ENVELOPE
 from ._journal import NewEntry
 from ._logging import get_logger
+from ._redact import call_reprs, redact_call
 from ._saga import Step
 
 if TYPE_CHECKING:
@@ -75,7 +76,9 @@ class Producer:
         steps = []
         for e, seq in zip(new, seqs, strict=True):
             log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
-                     task_id=e.task_id, kwargs=e.kwargs)
+                     task_id=e.task_id,
+                     kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
+                                        self.sw.settings.redact_keys)[1])
             if e.gated:
                 log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
                          approver=None)
@@ -95,9 +98,11 @@ class Producer:
         if queue:
             options["queue"] = queue
         try:
-            spec.task.apply_async(args=list(args),
-                                  kwargs={**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}},
-                                  **options)
+            real = {**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}}
+            argsrepr, kwargsrepr = call_reprs(spec.signature, args, real,
+                                              self.sw.settings.redact_keys)
+            spec.task.apply_async(args=list(args), kwargs=real, argsrepr=argsrepr,
+                                  kwargsrepr=kwargsrepr, **options)
         except Exception as exc:  # the broker refused or is down: INTENT stays, relay resends
             log.error("step_publish_failed", saga_id=saga_id, seq=seq, tool=tool,
                       task_id=task_id, error=f"{type(exc).__name__}: {exc}")
