@@ -17,7 +17,13 @@ from typing import Any
 import structlog
 
 from . import _redact
-from ._redact import REDACTED, RedactingFilter, install_celery_filters, install_filter
+from ._redact import (
+    REDACTED,
+    RedactingFilter,
+    exc_text_processor,
+    install_celery_filters,
+    install_filter,
+)
 
 __all__ = ["REDACTED", "RedactingFilter", "configure_logging", "get_logger", "redactor"]
 
@@ -116,7 +122,8 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO",
         cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.processors.format_exc_info, scrub_values],
+        foreign_pre_chain=[*shared, structlog.processors.format_exc_info,
+                           exc_text_processor, scrub_values],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
     handler = logging.StreamHandler(stream or sys.stderr)

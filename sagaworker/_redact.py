@@ -419,14 +419,28 @@ def _scrub_record(record: logging.LogRecord) -> None:
         data = getattr(record, "data", None)
         if isinstance(data, dict):
             record.data = _scrub_strings(data, values)
-        if record.exc_info and record.exc_info[1] is not None:
-            text = logging.Formatter().formatException(record.exc_info)
-            clean = scrub_text(text, values)
-            if clean != text:
-                # stdlib formatters print exc_text; structlog's chain scrubs its own copy
-                record.exc_text = clean
-        if record.exc_text:
-            record.exc_text = scrub_text(record.exc_text, values)
+        _scrub_exc(record, values)
+
+
+def _scrub_exc(record: logging.LogRecord, values: list[str]) -> None:
+    """A traceback that quotes a value is replaced by its scrubbed text (``exc_text``,
+    which stdlib formatters print and ``exc_text_processor`` hands to structlog)."""
+    if record.exc_info and record.exc_info[1] is not None:
+        text = logging.Formatter().formatException(record.exc_info)
+        clean = scrub_text(text, values)
+        if clean != text:
+            record.exc_info, record.exc_text = None, clean
+    if record.exc_text:
+        record.exc_text = scrub_text(record.exc_text, values)
+
+
+def exc_text_processor(_logger: Any, _method: str, event_dict: Any) -> Any:
+    """structlog foreign pre-chain step: a record's scrubbed traceback as ``exception``."""
+    record = event_dict.get("_record")
+    text = getattr(record, "exc_text", None)
+    if text and "exc_info" not in event_dict and "exception" not in event_dict:
+        event_dict["exception"] = text
+    return event_dict
 
 
 def _known_formats(record: logging.LogRecord, keys: frozenset[str]) -> None:
@@ -434,11 +448,18 @@ def _known_formats(record: logging.LogRecord, keys: frozenset[str]) -> None:
 
     msg, args = record.msg, record.args
     if isinstance(args, tuple):
-        if msg == c.UNKNOWN_TASK_ERROR and len(args) >= 3:
-            record.args = (args[0], _body_dump(args[1], keys), _headers(args[2], keys),
-                           *args[3:])
-        elif msg == c.INVALID_TASK_ERROR and len(args) >= 2:
-            record.args = (args[0], _body_dump(args[1], keys), *args[2:])
+        if msg in (c.UNKNOWN_TASK_ERROR, c.INVALID_TASK_ERROR) and len(args) >= 2:
+            sink: list[str] = []
+            body = _body_dump(args[1], keys, sink)
+            rest = args[2:]
+            if msg == c.UNKNOWN_TASK_ERROR and rest:
+                rest = (_headers(rest[0], keys), *rest[1:])
+            # the body's secret values (every positional one: nothing names them) are
+            # scrubbed out of the rest of this record too: the error, the traceback
+            values = _text_values(sink)
+            record.args = (scrub_text(str(args[0]), values), body, *rest)
+            if values:
+                _scrub_exc(record, values)
         elif msg == c.MESSAGE_DECODE_ERROR and len(args) >= 5:
             record.args = (*args[:3], _headers(args[3], keys), _withheld(args[4]), *args[5:])
         elif msg == c.UNKNOWN_FORMAT and len(args) == 1 and isinstance(args[0], str):
@@ -480,7 +501,7 @@ def _withheld(dump: Any) -> str:
     return f"{REDACTED} message body withheld{size}"
 
 
-def _body_dump(dump: Any, keys: frozenset[str]) -> str:
+def _body_dump(dump: Any, keys: frozenset[str], sink: list[str]) -> str:
     """Celery's ``dump_body`` of a message, its arguments redacted (an unknown task's
     positional arguments all of them: nothing names them)."""
     m = _DUMP.match(dump) if isinstance(dump, str) else None
@@ -493,15 +514,24 @@ def _body_dump(dump: Any, keys: frozenset[str]) -> str:
         return _withheld(dump)
     if isinstance(body, list | tuple) and len(body) == 3 and isinstance(body[0], list | tuple) \
             and isinstance(body[1], dict):
-        args, kwargs = redact_call(None, body[0], body[1], keys)
+        args, kwargs = _unknown_call(body[0], body[1], keys, sink)
         shown: Any = [args, kwargs, redact_value(body[2], keys)]
     elif isinstance(body, dict) and ("args" in body or "kwargs" in body):  # protocol 1
-        args, kwargs = redact_call(None, body.get("args") or [], body.get("kwargs") or {},
-                                   keys)
+        args, kwargs = _unknown_call(body.get("args") or [], body.get("kwargs") or {}, keys,
+                                     sink)
         shown = {**redact_value(body, keys), "args": args, "kwargs": kwargs}
     else:
         return _withheld(dump)
     return f"{json.dumps(shown, default=str)!r} ({m.group('size')}b)"
+
+
+def _unknown_call(args: Any, kwargs: Any, keys: frozenset[str],
+                  sink: list[str]) -> tuple[list[Any], dict[str, Any]]:
+    """An unknown task's call redacted: every positional argument, keywords by name."""
+    for a in args if isinstance(args, list | tuple) else ():
+        _walk(a, keys, True, sink)
+    return _redact(None, args if isinstance(args, list | tuple) else [], kwargs
+                   if isinstance(kwargs, dict) else {}, keys, sink)
 
 
 def _headers(headers: Any, keys: frozenset[str]) -> Any:

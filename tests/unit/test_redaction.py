@@ -281,7 +281,10 @@ def test_unknown_and_invalid_task_errors_lose_the_body_secrets(
             raise KeyError("no.such.task")
         except KeyError as exc:
             log.error(UNKNOWN_TASK_ERROR, exc, dump_body(Msg, None), headers, {}, exc_info=True)
-        log.error(INVALID_TASK_ERROR, "bad", dump_body(Msg, None), exc_info=False)
+        try:  # an error whose text quotes the body: its values are scrubbed out of it
+            raise ValueError(f"cannot handle {SECRET!r}")
+        except ValueError as exc:
+            log.error(INVALID_TASK_ERROR, exc, dump_body(Msg, None), exc_info=True)
         big = type("Big", (), {"body": json.dumps([[SECRET * 100], {}, {}]).encode()})
         log.error(INVALID_TASK_ERROR, "bad", dump_body(big, None))  # truncated: withheld
     assert SECRET not in caplog.text
@@ -334,10 +337,18 @@ def test_configure_logging_scrubs_tracebacks_and_structured_fields(keys: None) -
             logging.getLogger("celery.app.trace").exception("boom")
         structlog.get_logger("sagaworker").warning("step_failed", error=f"x {SECRET}",
                                                    card=SECRET)
+        _redact.release("task-2")
+        try:  # no task holds it now: the unknown body's own values are scrubbed
+            raise ValueError(f"cannot handle {SECRET!r}")
+        except ValueError as exc:
+            logging.getLogger("celery.worker.consumer.consumer").error(
+                INVALID_TASK_ERROR, exc, dump_body(Msg, None), exc_info=True)
     finally:
         _redact.release("task-2")
         logging.getLogger().handlers.clear()
     out = buf.getvalue()
     lines = [json.loads(x) for x in out.splitlines()]
-    assert SECRET not in out and "exception" in lines[0]
+    assert SECRET not in out and len(lines) == 3
+    assert "exception" in lines[0] and "exception" in lines[2]
+    assert "ValueError: cannot handle" in lines[2]["exception"]
     assert lines[1]["card"] == REDACTED
