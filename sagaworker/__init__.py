@@ -17,6 +17,7 @@ from ._errors import (
 from ._execution import current_idempotency_key
 from ._jsonable import plain
 from ._logging import configure_logging
+from ._redact import REDACTED, Redaction, redact_call
 from ._saga import Saga, Step, SyncSaga
 from ._settings import Settings
 from ._types import (
@@ -34,6 +35,7 @@ from ._types import (
 )
 
 __all__ = [
+    "REDACTED",
     "ApprovalInvalid",
     "ApprovalRejected",
     "ApprovalRequest",
@@ -45,6 +47,7 @@ __all__ = [
     "Outcome",
     "OutcomeResult",
     "Phase",
+    "Redaction",
     "Reversibility",
     "Saga",
     "SagaExists",
@@ -62,5 +65,6 @@ __all__ = [
     "current_idempotency_key",
     "make_engine",
     "plain",
+    "redact_call",
 ]
 __version__ = "0.1.0"

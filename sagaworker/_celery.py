@@ -62,6 +62,7 @@ import structlog
 from celery import Celery, signals
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from . import _redact
 from ._compensation import Compensator
 from ._errors import ConfigurationError
 from ._execution import Executor
@@ -338,6 +339,7 @@ class CeleryWiring:
                                             dispatch_uid=uid)
         signals.worker_ready.connect(self._on_ready, weak=False, dispatch_uid=uid)
         signals.worker_shutdown.connect(self._on_shutdown, weak=False, dispatch_uid=uid)
+        self._connect_redaction(uid)
 
     def _on_app_configured(self, sender: Any = None, **_: Any) -> None:
         if sender is None or sender is self.app:
@@ -388,6 +390,52 @@ class CeleryWiring:
     def _on_setup_logging(self, **_: Any) -> None:
         s = self.sw.settings
         configure_logging(fmt=s.log_format, level=s.log_level, redact_keys=s.redact_keys)
+
+    def _connect_redaction(self, uid: str) -> None:
+        """Redaction beyond the log formatter (SAGAWORKER_REDACT, docs/redaction.md):
+        every publish of a tool message (a retry, a relay) carries the redacted
+        ``argsrepr``/``kwargsrepr``; while a tool or an undo chain runs, the secret values
+        of its arguments are scrubbed out of every log line of the process."""
+        signals.before_task_publish.connect(self._on_before_publish, weak=False,
+                                            dispatch_uid=uid)
+        signals.task_prerun.connect(self._on_task_prerun, weak=False, dispatch_uid=uid)
+        signals.task_postrun.connect(self._on_task_postrun, weak=False, dispatch_uid=uid)
+
+    def _on_before_publish(self, sender: Any = None, body: Any = None,
+                           headers: Any = None, **_: Any) -> None:
+        keys = self.sw.settings.redact_keys
+        spec = self.sw.registry.tool(sender) if isinstance(sender, str) else None
+        if not keys or spec is None or not isinstance(headers, dict):
+            return
+        if isinstance(body, list | tuple) and len(body) == 3:  # task protocol 2
+            headers["argsrepr"], headers["kwargsrepr"] = _redact.call_reprs(
+                spec.signature, body[0] or (), body[1] or {}, keys)
+
+    def _on_task_prerun(self, task_id: str | None = None, task: Any = None,
+                        args: Any = None, kwargs: Any = None, **_: Any) -> None:
+        keys = self.sw.settings.redact_keys
+        if not keys or task_id is None or getattr(task, "app", None) is not self.app:
+            return
+        try:
+            spec = getattr(task, "sagaworker_spec", None)
+            if spec is not None:
+                values = _redact.secret_values(spec.signature, args or (), kwargs or {}, keys)
+            elif task.name in ("sagaworker.saga_failed", "sagaworker.compensate") and args:
+                # the undos of this saga see its arguments: their errors may quote them
+                rec = self.sw.rt.journal.inspect(args[0])
+                red = _redact.Redaction.of(self.sw)
+                values = sorted({v for e in rec.entries for v in red.values(e)}, key=len,
+                                reverse=True)
+            else:
+                return
+        except Exception as exc:  # never fail a task over it
+            log.warning("redaction_values_unavailable", error=type(exc).__name__)
+            return
+        _redact.hold(task_id, values)
+
+    def _on_task_postrun(self, task_id: str | None = None, **_: Any) -> None:
+        if task_id is not None:
+            _redact.release(task_id)
 
     def _on_process_init(self, **_: Any) -> None:
         self.sw.dispose_engine()

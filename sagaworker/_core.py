@@ -56,7 +56,7 @@ class Sagaworker:
         self.gate = Gate(self.rt)
         self.sweeper = Sweeper(self.rt)
         self.wiring = CeleryWiring(self)
-        ensure_structlog()
+        ensure_structlog(self.settings.redact_keys, self.registry)
 
     # -- wiring -----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from ._journal import idempotency_key
 from ._logging import get_logger
 from ._machine import Held, Start, new_token, worker_label
 from ._messages import ENVELOPE
+from ._redact import error_text
 from ._registry import ToolSpec
 from ._runtime import Runtime
 from ._types import OPEN, SagaStatus
@@ -40,6 +41,7 @@ class ToolTask(Task):  # type: ignore[misc]
 
     acks_late = True
     reject_on_worker_lost = True
+    Request = "sagaworker._redact:RedactedRequest"  # celery inspect shows argsrepr only
     ignore_result = True
     sagaworker_spec: ToolSpec
     sagaworker_executor: Executor
@@ -68,8 +70,11 @@ class ToolTask(Task):  # type: ignore[misc]
         if raised is None:
             return
         saga_id, seq, token = raised
-        self.sagaworker_executor.fail_step(saga_id, seq, self.sagaworker_spec.name, token,
-                                           f"{type(exc).__name__}: {exc}", task_id=task_id)
+        spec, rt = self.sagaworker_spec, self.sagaworker_executor.rt
+        self.sagaworker_executor.fail_step(
+            saga_id, seq, spec.name, token,
+            error_text(exc, spec.signature, args or (), kwargs or {},
+                       rt.settings.redact_keys), task_id=task_id)
 
 
 class Executor:
@@ -139,7 +144,8 @@ class Executor:
             # The attempt ended (it raised): not in doubt. Celery now retries it or gives
             # up and calls on_failure, which journals FAILED (fenced by this token).
             self.heartbeat.drop(held)
-            status = rt.machine.release(saga_id, seq, token, f"{type(exc).__name__}: {exc}")
+            status = rt.machine.release(saga_id, seq, token, error_text(
+                exc, spec.signature, args, kwargs, rt.settings.redact_keys))
             self.raised[task.request.id] = (saga_id, seq, token)
             if status is SagaStatus.COMPENSATING:
                 rt.bus.send_compensate(saga_id)  # the chain waited for this attempt

@@ -8,6 +8,7 @@ from typing import Any
 from celery import Celery
 
 from ._logging import get_logger
+from ._redact import call_reprs
 from ._registry import Registry
 from ._settings import Settings
 
@@ -44,9 +45,13 @@ class CeleryBus:
         if retries:
             options["retries"] = retries  # a resent Celery retry keeps its count
         try:
-            spec.task.apply_async(args=list(args),
-                                  kwargs={**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}},
-                                  **options)
+            real = {**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}}
+            # Celery's task events, Flower and `celery inspect` show these, never the real
+            # arguments (SAGAWORKER_REDACT, docs/redaction.md)
+            argsrepr, kwargsrepr = call_reprs(spec.signature, args, real,
+                                              self.settings().redact_keys)
+            spec.task.apply_async(args=list(args), kwargs=real, argsrepr=argsrepr,
+                                  kwargsrepr=kwargsrepr, **options)
         except Exception as exc:  # the broker refused or is down: INTENT stays, relay resends
             log.error("step_publish_failed", saga_id=saga_id, seq=seq, tool=tool,
                       task_id=task_id, error=f"{type(exc).__name__}: {exc}")

@@ -13,6 +13,7 @@ from ._errors import BadInput, SagaworkerError
 from ._journal import NewEntry
 from ._logging import get_logger
 from ._messages import ENVELOPE
+from ._redact import redact_call
 from ._registry import ToolSpec
 from ._runtime import Runtime
 
@@ -73,7 +74,9 @@ class Producer:
         seqs = self.rt.journal.add_entries(saga_id, new)
         for e, seq in zip(new, seqs, strict=True):
             log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
-                     task_id=e.task_id, kwargs=e.kwargs)
+                     task_id=e.task_id,
+                     kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
+                                        self.rt.settings.redact_keys)[1])
             if e.gated:
                 log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
                          approver=None)

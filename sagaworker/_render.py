@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ._jsonable import plain
+from ._redact import Redaction
 from ._types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
 
-__all__ = ["console", "render_saga", "render_sagas", "to_json"]
+__all__ = ["console", "redacted", "render_saga", "render_sagas", "to_json"]
 
 console = Console(highlight=False)
 
@@ -24,8 +25,14 @@ _OUTCOME = {OutcomeResult.COMPENSATED: "green", OutcomeResult.SKIPPED: "yellow",
             OutcomeResult.COMPENSATION_FAILED: "bold red"}
 
 
-def to_json(o: Any) -> str:
-    return json.dumps(plain(o), indent=2, default=str)
+def redacted(o: Any, redaction: Redaction | None = None) -> Any:
+    """Records (or lists of them) as they may be shown: SAGAWORKER_REDACT applied (by
+    default with what this process's ``Sagaworker`` was configured with)."""
+    return (redaction or Redaction.current()).any(o)
+
+
+def to_json(o: Any, redaction: Redaction | None = None) -> str:
+    return json.dumps(plain(redacted(o, redaction)), indent=2, default=str)
 
 
 def _short(v: Any, n: int = 40) -> str:
@@ -37,7 +44,8 @@ def _tool(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def render_saga(rec: SagaRecord) -> None:
+def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
+    rec = redacted(rec, redaction)
     c = _STATUS.get(rec.status, "")
     console.print(f"[bold]saga {rec.saga_id}[/]  [{c}]{rec.status.value}[/]"
                   + (f"  reason: {rec.reason}" if rec.reason else ""))
@@ -77,7 +85,8 @@ def _outcome(e: EntryRecord) -> str:
     return f"[{_OUTCOME[e.compensation]}]{e.compensation.value}[/]"
 
 
-def render_sagas(recs: list[SagaRecord]) -> None:
+def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None) -> None:
+    recs = redacted(recs, redaction)
     t = Table()
     for col in ("saga", "status", "steps", "created", "reason"):
         t.add_column(col)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ._errors import SagaNotFound, SagaworkerError
-from ._render import console, render_saga, render_sagas, to_json
+from ._render import console, redacted, render_saga, render_sagas, to_json
 from ._settings import Settings
 from ._types import SagaStatus
 
@@ -157,7 +157,7 @@ def approvals(c: Ctx, as_json: bool) -> None:
     if as_json:
         click.echo(to_json(pending))
         return
-    for p in pending:
+    for p in redacted(pending):
         console.print(f"[bold]{p.saga_id}[/] #{p.seq} {p.tool_name} args={p.args} "
                       f"kwargs={p.kwargs}\n  token: {p.token}")
     if not pending:

@@ -9,7 +9,8 @@ from ._app import sw
 
 
 class CardDeclined(Exception):
-    pass
+    """The card was declined. Its text never carries the card number: an error's text is
+    journaled and logged (``step_failed``, the saga's reason, Celery's failure line)."""
 
 
 @sw.tool(compensable_by="refund_card", autoretry_for=(ConnectionError,), max_retries=3,
@@ -17,7 +18,7 @@ class CardDeclined(Exception):
 def charge_card(card: str, amount_cents: int) -> str:
     """Charge the card; returns the charge id. Cards starting with 'declined' fail."""
     if card.startswith("declined"):
-        raise CardDeclined(f"card {card} declined {amount_cents} cents")
+        raise CardDeclined(f"card declined for {amount_cents} cents")
     charge = store.new_id("ch")
     store.write(store.insert(store.charges).values(id=charge, card=card,
                                                    amount_cents=amount_cents, state="charged",

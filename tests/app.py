@@ -249,6 +249,18 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", name)
         return name
 
+    @sw.tool(compensable_by="undo_pay")
+    def pay(key: str, card: str, amount_cents: int, fail: bool = False) -> str:
+        """A payment whose error text quotes its card (what SAGAWORKER_REDACT must hide)."""
+        if fail:
+            raise Boom(f"card {card} declined for {amount_cents} cents")
+        record(key, "effect", "pay")
+        return "paid"
+
+    @sw.compensation
+    def undo_pay(ctx: CompensationContext) -> None:
+        record(ctx.args[0] if ctx.args else ctx.kwargs["key"], "undo", "pay")
+
     @sw.tool()
     def returns_object(key: str) -> Any:
         record(key, "effect", "returns_object")

@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from sagaworker import (
     ApprovalInvalid,
     ConfigurationError,
+    Redaction,
     SagaExists,
     SagaNotFound,
     SagaStatus,
@@ -70,26 +71,31 @@ def list_sagas() -> Reply:
     raw_limit = request.args.get("limit", "100")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
         raise ValidationFailed({"limit": "must be an integer between 1 and 1000"})
-    recs = state().sw.sagas(status=status, limit=int(raw_limit))
-    return jsonify({"sagas": [saga_json(r) for r in recs]}), 200
+    sw = state().sw
+    recs = sw.sagas(status=status, limit=int(raw_limit))
+    red = Redaction.of(sw)
+    return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
 
 
 @bp.get("/sagas/<path:saga_id>")
 def get_saga(saga_id: str) -> Reply:
+    sw = state().sw
     try:
-        rec = state().sw.inspect(saga_id)
+        rec = sw.inspect(saga_id)
     except SagaNotFound as exc:
         return _error(404, str(exc))
-    return jsonify(saga_json(rec)), 200
+    return jsonify(saga_json(rec, Redaction.of(sw))), 200
 
 
 @bp.get("/approvals")
 def list_approvals() -> Reply:
+    sw = state().sw
     try:
-        pending = state().sw.pending_approvals()
+        pending = sw.pending_approvals()
     except ConfigurationError as exc:
         return _error(503, str(exc))
-    return jsonify({"approvals": [approval_json(a) for a in pending]}), 200
+    red = Redaction.of(sw)
+    return jsonify({"approvals": [approval_json(a, red) for a in pending]}), 200
 
 
 def _decision(body: Any, *, need_reason: bool) -> tuple[str, str, str | None]:

@@ -14,6 +14,7 @@ from sagaworker import (
     EntryRecord,
     Outcome,
     Phase,
+    Redaction,
     SagaNotFound,
     SagaRecord,
     SagaStatus,
@@ -62,13 +63,15 @@ def index() -> str:
     status = request.args.get("status") or None
     if status is not None and status not in STATUSES:
         abort(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}")
-    recent = sw.sagas(limit=SCAN)
-    dirty = sw.sagas(status=SagaStatus.COMPENSATION_FAILED, limit=100)
-    listed = recent[:100] if status is None else sw.sagas(status=status, limit=100)
+    red = Redaction.of(sw)  # SAGAWORKER_REDACT: no page shows a redacted argument
+    recent = [red.record(r) for r in sw.sagas(limit=SCAN)]
+    dirty = [red.record(r) for r in sw.sagas(status=SagaStatus.COMPENSATION_FAILED, limit=100)]
+    listed = (recent[:100] if status is None
+              else [red.record(r) for r in sw.sagas(status=status, limit=100)])
     counts = {s: sum(1 for r in recent if r.status.value == s) for s in STATUSES}
     approvals: list[Any] | None
     try:
-        approvals = sw.pending_approvals()
+        approvals = [red.approval(a) for a in sw.pending_approvals()]
     except ConfigurationError:
         approvals = None  # no approval secret configured here
     return render_template("index.html", sagas=listed, status=status, statuses=STATUSES,
@@ -78,8 +81,9 @@ def index() -> str:
 
 @bp.get("/ui/sagas/<path:saga_id>")
 def saga_page(saga_id: str) -> str:
+    sw = state().sw
     try:
-        rec = state().sw.inspect(saga_id)
+        rec = Redaction.of(sw).record(sw.inspect(saga_id))
     except SagaNotFound:
         abort(404, f"no saga {saga_id!r} in the journal")
     by_seq = {e.seq: e for e in rec.entries}

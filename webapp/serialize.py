@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sagaworker import ApprovalRequest, SagaRecord, plain
+from sagaworker import ApprovalRequest, Redaction, SagaRecord, plain
 
 __all__ = ["approval_json", "plain", "saga_json"]
 
 
-def saga_json(rec: SagaRecord) -> dict[str, Any]:
+def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, Any]:
+    """The saga as JSON, its redacted arguments (SAGAWORKER_REDACT) never shown."""
+    rec = (redaction or Redaction.current()).record(rec)
     d: dict[str, Any] = plain(rec)
     d["terminal"] = rec.status.terminal
     d["dirty"] = bool(rec.report.dirty)
     return d
 
 
-def approval_json(req: ApprovalRequest) -> dict[str, Any]:
+def approval_json(req: ApprovalRequest, redaction: Redaction | None = None) -> dict[str, Any]:
+    req = (redaction or Redaction.current()).approval(req)
     d: dict[str, Any] = plain(req)
     return d
