@@ -17,7 +17,8 @@ from ._errors import (
 from ._execution import current_idempotency_key
 from ._jsonable import plain
 from ._logging import configure_logging
-from ._redact import REDACTED, Redaction, redact_call
+from ._redact import REDACTED as REDACTED
+from ._redact import Redaction, redact_call
 from ._saga import Saga, Step, SyncSaga
 from ._settings import Settings
 from ._types import (
@@ -35,7 +36,6 @@ from ._types import (
 )
 
 __all__ = [
-    "REDACTED",
     "ApprovalInvalid",
     "ApprovalRejected",
     "ApprovalRequest",

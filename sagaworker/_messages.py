@@ -59,8 +59,10 @@ class CeleryBus:
         return True
 
     def send(self, name: str, *args: Any, countdown: float | None = None) -> None:
-        self.app.send_task(f"sagaworker.{name}", args=args, queue=self.settings().queue,
-                           countdown=countdown, retry=True, retry_policy=RETRY_POLICY)
+        # the task object, not send_task: the app's own routing and eager mode apply
+        self.app.tasks[f"sagaworker.{name}"].apply_async(
+            args=args, queue=self.settings().queue, countdown=countdown, retry=True,
+            retry_policy=RETRY_POLICY)
 
     def send_failure(self, saga_id: str, reason: str) -> None:
         self.send("saga_failed", saga_id, reason)

@@ -99,7 +99,7 @@ def red_sw(tmp_path: Path) -> Iterator[Sagaworker]:
     app = Celery("redact", broker="memory://")
     app.conf.task_always_eager = True
     s = Settings(database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
-                 approval_secret="unit-secret", broker_folder=str(tmp_path / "b"),
+                 approval_secret="unit-secret-" + "u" * 32, broker_folder=str(tmp_path / "b"),
                  redact="card", compensation_retries=0, compensation_backoff=0,
                  sweep_interval=0)
     sw = Sagaworker(app, settings=s)
