@@ -15,6 +15,7 @@ from ._errors import (
     ToolFailed,
 )
 from ._execution import current_idempotency_key
+from ._flows import FlowContext
 from ._jsonable import plain
 from ._logging import configure_logging
 from ._redact import REDACTED as REDACTED
@@ -44,6 +45,7 @@ __all__ = [
     "CompensationReport",
     "ConfigurationError",
     "EntryRecord",
+    "FlowContext",
     "Outcome",
     "OutcomeResult",
     "Phase",

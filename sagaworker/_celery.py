@@ -66,6 +66,7 @@ from . import _redact
 from ._compensation import Compensator
 from ._errors import ConfigurationError
 from ._execution import Executor
+from ._flows import Flows
 from ._logging import configure_logging, get_logger
 from ._registry import Registry
 from ._runtime import Runtime
@@ -87,6 +88,7 @@ class Host(Protocol):
     rt: Runtime
     registry: Registry
     compensator: Compensator
+    flows: Flows
     sweeper: Sweeper
     executor: Executor
 
@@ -307,6 +309,11 @@ class CeleryWiring:
             with context(self):
                 sw.compensator.run_chain(saga_id)
 
+        @app.task(name="sagaworker.advance", bind=True, **common)  # type: ignore[untyped-decorator]
+        def advance(self: Any, saga_id: str) -> None:
+            with context(self):
+                sw.flows.advance(saga_id)
+
         @app.task(name="sagaworker.sweep", **common)  # type: ignore[untyped-decorator]
         def sweep() -> None:
             sw.sweeper.sweep()
@@ -316,7 +323,7 @@ class CeleryWiring:
             sw.sweeper.log_orphans()
 
         self.tasks = {"saga_failed": saga_failed, "compensate": compensate, "sweep": sweep,
-                      "orphans": orphans}
+                      "orphans": orphans, "advance": advance}
 
     # -- worker signals ---------------------------------------------------------
 

@@ -9,10 +9,12 @@ from typing import Any, TypeVar
 from celery import Celery
 
 from ._approvals import Gate
+from ._canonical import check_json
 from ._celery import CeleryWiring
 from ._compensation import Compensator
-from ._errors import ConfigurationError, SagaNotFound
+from ._errors import BadInput, ConfigurationError, SagaNotFound
 from ._execution import Executor, ToolTask
+from ._flows import Flows
 from ._journal import Journal
 from ._logging import ensure_structlog, get_logger
 from ._machine import Machine
@@ -53,8 +55,10 @@ class Sagaworker:
         self.executor = Executor(self.rt)
         self.compensator = Compensator(self.rt, self.executor.heartbeat)
         self.producer = Producer(self.rt)
+        self.flows = Flows(self.rt, self.producer)
+        self.executor.advance = self.flows.advance
         self.gate = Gate(self.rt)
-        self.sweeper = Sweeper(self.rt)
+        self.sweeper = Sweeper(self.rt, self.flows)
         self.wiring = CeleryWiring(self)
         ensure_structlog(self.settings.redact_keys, self.registry)
 
@@ -130,8 +134,37 @@ class Sagaworker:
         return fn
 
     def validate(self) -> None:
-        """Raise ConfigurationError naming the first tool whose undo cannot work."""
+        """Raise ConfigurationError naming the first tool whose undo cannot work, or a flow
+        that a worker could not import by its name."""
         self.registry.validate()
+        self.flows.validate()
+
+    def flow(self, *, name: str | None = None) -> Callable[[F], F]:
+        """Register a module-level flow function (SPEC 12); returns it unchanged."""
+        def decorate(fn: F) -> F:
+            self.flows.add(fn, name)
+            return fn
+
+        return decorate
+
+    def start(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,
+              metadata: dict[str, Any] | None = None, deadline: float | None = None,
+              **kwargs: Any) -> Saga:
+        """Journal a flow saga and hand it to the workers; returns at once."""
+        self.ensure_valid()
+        _check_id(saga_id)
+        check_json(metadata or {}, "saga metadata")
+        self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline))
+        return Saga(self.rt, self.producer, saga_id)
+
+    def abort(self, saga_id: str, *, reason: str, actor: str) -> None:
+        """An operator fails a running saga; it compensates (event ``saga_aborted``)."""
+        if not reason or not actor:
+            raise BadInput("abort needs a reason and an actor (who decided), both non-empty")
+        status = self.machine.abort(saga_id, reason=reason, actor=actor)
+        log.warning("saga_aborted", saga_id=saga_id, actor=actor, reason=reason,
+                    status=status.value)
+        self.rt.bus.send_failure(saga_id, f"aborted by {actor}: {reason}")
 
     def ensure_valid(self) -> None:
         if not self.registry.validated:
@@ -143,10 +176,7 @@ class Sagaworker:
               deadline: float | None = None) -> Saga:
         """Journal a new RUNNING saga; SagaExists if the id is taken."""
         self.ensure_valid()
-        if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
-            raise ConfigurationError("a saga id is a non-empty string of at most 200 characters")
-        from ._canonical import check_json
-
+        _check_id(saga_id)
         check_json(metadata or {}, "saga metadata")
         self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline))
         return Saga(self.rt, self.producer, saga_id)
@@ -202,6 +232,11 @@ class Sagaworker:
 
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.rt.bus.send_compensate(saga_id, countdown=countdown)
+
+
+def _check_id(saga_id: Any) -> None:
+    if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
+        raise ConfigurationError("a saga id is a non-empty string of at most 200 characters")
 
 
 def _deadline(seconds: float | None) -> float | None:

@@ -6,6 +6,7 @@ import contextvars
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,6 +84,8 @@ class Executor:
         #: task id -> (saga id, seq, token) of the attempt that raised, for on_failure/retry
         self.raised: dict[str, tuple[str, int, str]] = {}
         self.heartbeat = Heartbeat(rt)
+        #: called with a flow saga's id once one of its steps is EXECUTED (SPEC 12)
+        self.advance: Callable[[str], None] | None = None
 
     def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = task.sagaworker_spec
@@ -172,6 +175,13 @@ class Executor:
         log.info("step_executed", duration_ms=duration_ms, attempt=claim.attempt)
         if outcome.status is SagaStatus.COMPENSATING:
             rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
+        elif outcome.flow is not None and self.advance is not None:
+            # The flow moves on here, in the worker that journaled the outcome: no message
+            # and no polling. Lost with this worker, the sweeper sends the advance again.
+            try:
+                self.advance(saga_id)
+            except Exception as exc:
+                log.error("flow_advance_failed", error=f"{type(exc).__name__}: {exc}")
         return None
 
     def retry_due(self, task: ToolTask, delay: float) -> None:

@@ -178,13 +178,18 @@ class Journal:
                 "to carry on the existing one"
             ) from exc
 
-    def add_entries(self, saga_id: str, new: Sequence[NewEntry]) -> list[int]:
-        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs."""
+    def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
+                    expect_seq: int | None = None) -> list[int]:
+        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs.
+
+        ``expect_seq``: journal them only if the saga's last seq is still that one (a
+        flow's replay saw that much of the journal), else nothing (another replay did).
+        """
         t = now()
         gated = any(e.gated for e in new)
 
         def body(conn: Connection) -> list[int]:
-            if len(new) == 1 and supports_dml_cte(conn):
+            if len(new) == 1 and supports_dml_cte(conn) and expect_seq is None:
                 # One statement for the common case: bump the seq and insert the entry.
                 one = _entry_values(saga_id, None, new[0], t)
                 params = {f"p_{c}": one[c] for c in _ENTRY_COLS}
@@ -195,13 +200,16 @@ class Journal:
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
+            guard = [] if expect_seq is None else [sagas.c.last_seq == expect_seq]
             bump = (update(sagas)
                     .where(sagas.c.saga_id == saga_id,
                            sagas.c.status.in_([s.value for s in OPEN]),
-                           sagas.c.fail_requested_at.is_(None))
+                           sagas.c.fail_requested_at.is_(None), *guard)
                     .values(**values)
                     .returning(sagas.c.last_seq))
             row = conn.execute(bump).first()
+            if row is None and expect_seq is not None:
+                return []
             if row is None:
                 self._refuse_enqueue(conn, saga_id)
             assert row is not None
@@ -229,6 +237,17 @@ class Journal:
     def saga_row(self, saga_id: str) -> Any:
         with self.engine.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+
+    def entries_of(self, saga_id: str) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                     .order_by(entries.c.seq)).all())
+
+    def mark_advanced(self, saga_id: str) -> None:
+        """A flow was replayed (the sweeper re-sends only advances that were lost)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
+                         .values(advanced_at=now()))
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
         with self.engine.connect() as conn:

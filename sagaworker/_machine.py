@@ -71,6 +71,7 @@ class Executed:
 
     applied: bool
     status: SagaStatus | None
+    flow: str | None = None  # the saga's flow: the worker advances it at once
 
 
 class UndoClaim(Enum):
@@ -268,11 +269,11 @@ class Machine:
         t = now()
         with self.j.engine.begin() as conn:
             if supports_dml_cte(conn):
-                status = conn.execute(_executed_stmt(), {
+                got = conn.execute(_executed_stmt(), {
                     "p_saga": saga_id, "p_seq": seq, "p_t": t, "p_result": result,
-                    "p_ms": duration_ms, "p_token": token}).scalar()
-                if status is not None:
-                    return Executed(True, SagaStatus(status))
+                    "p_ms": duration_ms, "p_token": token}).first()
+                if got is not None:
+                    return Executed(True, SagaStatus(got[0]), got[1])
                 saga = self.j.lock_saga(conn, saga_id)
             else:
                 saga = self.j.lock_saga(conn, saga_id)
@@ -285,12 +286,12 @@ class Machine:
                                      duration_ms=duration_ms, error=None)
                 if n:
                     self.j.touch(conn, saga_id, exec_counter=saga.exec_counter + 1)
-                    return Executed(True, SagaStatus(saga.status))
+                    return Executed(True, SagaStatus(saga.status), saga.flow)
             if saga is None:
                 return Executed(False, None)
             row = self.j.entry(conn, saga_id, seq)
             replay = row is not None and row.phase == _EXECUTED and row.attempt_token == token
-            return Executed(replay, SagaStatus(saga.status))
+            return Executed(replay, SagaStatus(saga.status), saga.flow)
 
     def failed(self, saga_id: str, seq: int, token: str, error: str, *,
                in_doubt: bool = False) -> SagaStatus | None:
@@ -330,6 +331,33 @@ class Machine:
             self._request_failure(conn, saga, reason)
             return status
 
+    def abort(self, saga_id: str, *, reason: str, actor: str) -> SagaStatus:
+        """An operator asks a saga to fail (gates close at once); refused once terminal."""
+        from ._errors import SagaNotFound, SagaworkerError
+
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            status = SagaStatus(saga.status)
+            if status not in OPEN:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is {status.value}; only a RUNNING or AWAITING_APPROVAL "
+                    "saga can be aborted")
+            self._request_failure(conn, saga, f"aborted by {actor}: {reason}")
+            self.j.audit(conn, saga_id, None, "abort", actor, reason)
+            return status
+
+    def fail_overdue(self, saga_id: str) -> Any:
+        """The deadline passed: ask the saga to fail; its row when this call did."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if (saga is None or SagaStatus(saga.status) not in OPEN
+                    or saga.fail_requested_at is not None or saga.deadline_at is None):
+                return None
+            self._request_failure(conn, saga, "deadline passed")
+            return saga
+
     def begin_compensation(self, saga_id: str, reason: str | None,
                            token: str) -> tuple[bool, int, str]:
         """Move ``begin_compensation``: one failure handler wins and starts the chain."""
@@ -361,7 +389,7 @@ class Machine:
         return int(conn.execute(select(func.count()).select_from(entries).where(
             entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED)).scalar() or 0)
 
-    def complete(self, saga_id: str) -> None:
+    def complete(self, saga_id: str, *, result: Any = None) -> None:
         """Move ``complete``: RUNNING -> COMPLETED once every step EXECUTED."""
         from ._errors import SagaNotFound, SagaworkerError
 
@@ -385,7 +413,7 @@ class Machine:
                     f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
                     "wait for them (step.result()) or call saga.fail(reason)")
             self.j.touch(conn, saga_id, status=move("saga", "complete").target,
-                         finished_at=now())
+                         finished_at=now(), result=result)
 
     # -- undos -----------------------------------------------------------------------
 
@@ -554,7 +582,7 @@ def _build_executed_stmt() -> Any:
 
     bump = (update(sagas).where(sagas.c.saga_id == bindparam("p_saga"))
             .values(exec_counter=sagas.c.exec_counter + 1, updated_at=bindparam("p_t"))
-            .returning(sagas.c.exec_counter, sagas.c.status)).cte("bump")
+            .returning(sagas.c.exec_counter, sagas.c.status, sagas.c.flow)).cte("bump")
     return (update(entries)
             .where(entries.c.saga_id == bindparam("p_saga"), entries.c.seq == bindparam("p_seq"),
                    entries.c.phase == _INTENT, entries.c.attempt_token == bindparam("p_token"))
@@ -563,12 +591,14 @@ def _build_executed_stmt() -> Any:
                     executed_at=bindparam("p_t"), updated_at=bindparam("p_t"),
                     exec_order=select(bump.c.exec_counter).scalar_subquery(),
                     lease_until=None, duration_ms=bindparam("p_ms"), error=None)
-            .returning(select(bump.c.status).scalar_subquery()))
+            .returning(select(bump.c.status).scalar_subquery(),
+                       select(bump.c.flow).scalar_subquery()))
 
 
 _EXECUTED_STMT = _build_executed_stmt()
 
-for _name in ("claim_start", "heartbeat", "release", "retry_due", "executed", "failed",
-              "begin_compensation", "claim_undo", "record_and_claim", "release_undo",
+for _name in ("claim_start", "heartbeat", "abort", "fail_overdue", "release", "retry_due",
+              "executed", "failed", "begin_compensation", "claim_undo", "record_and_claim",
+              "release_undo",
               "reopen_dirty"):
     setattr(Machine, _name, retrying(getattr(Machine, _name)))

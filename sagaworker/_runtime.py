@@ -27,6 +27,8 @@ class Bus(Protocol):
 
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None: ...
 
+    def send_advance(self, saga_id: str) -> None: ...
+
 
 class Runtime:
     """The shared parts; the journal's engine is made on first use (after a fork too)."""

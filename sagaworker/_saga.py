@@ -108,9 +108,9 @@ class Saga:
             row = self.rt.journal.saga_row(self.saga_id)
             return row if row is not None and SagaStatus(row.status) in TERMINAL else None
 
-        poll(check, timeout, f"saga {self.saga_id!r}")
+        row = poll(check, timeout, f"saga {self.saga_id!r}")
         rec = self.rt.journal.inspect(self.saga_id)
-        return SagaResult(saga_id=self.saga_id, status=rec.status,
+        return SagaResult(saga_id=self.saga_id, status=rec.status, value=row.result,
                           error=None if rec.status is SagaStatus.COMPLETED else rec.reason,
                           report=rec.report)
 

@@ -58,6 +58,10 @@ sagas = Table(
     Column("flow", String(300)),
     Column("flow_args", _json),
     Column("flow_kwargs", _json),
+    # a flow's journaled return value (SagaResult.value)
+    Column("result", _json),
+    # the last time a worker advanced the flow (the sweeper re-sends a lost advance)
+    Column("advanced_at", _ts),
     Column("idle_reported_at", _ts),
     Index("ix_sagaworker_sagas_status_updated", "status", "updated_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),

@@ -16,6 +16,7 @@ import structlog
 from sqlalchemy import Table, and_, func, or_, select, update
 
 from ._dialect import aware, db_later, db_now
+from ._flows import Flows
 from ._journal import _entry, now
 from ._logging import get_logger
 from ._runtime import Runtime
@@ -31,8 +32,9 @@ _OPEN = [s.value for s in OPEN]
 
 
 class Sweeper:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, flows: Flows | None = None) -> None:
         self.rt = rt
+        self.flows = flows
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
         return [_entry(r) for r in self.rt.journal.orphans(older_than)]
@@ -47,9 +49,10 @@ class Sweeper:
 
     def sweep(self) -> dict[str, int]:
         """One pass; returns how many of each kind of work it sent again."""
-        counts = {"failures": self._failures(), "chains": self._chains(),
-                  "relayed": self._relay(), "retries": self._retries(),
-                  "in_doubt": self._in_doubt()}
+        counts = {"deadlines": self._deadlines(), "failures": self._failures(),
+                  "chains": self._chains(), "relayed": self._relay(),
+                  "retries": self._retries(), "in_doubt": self._in_doubt(),
+                  "flows": self._flows(), "idle": self._idle()}
         if any(counts.values()):
             log.info("sweep", **counts)
         return counts
@@ -107,6 +110,75 @@ class Sweeper:
                 log.warning("compensation_resumed")
             self.rt.bus.send_compensate(r.saga_id)
         return len(rows)
+
+    def _deadlines(self) -> int:
+        """Sagas past their deadline: failed (reason ``deadline passed``), they compensate."""
+        rows = self.rt.journal.stale(
+            select(sagas.c.saga_id).where(sagas.c.status.in_(_OPEN),
+                                          sagas.c.fail_requested_at.is_(None),
+                                          sagas.c.deadline_at < db_now()).limit(_BATCH))
+        n = 0
+        for r in rows:
+            saga = self.rt.machine.fail_overdue(r.saga_id)
+            if saga is None:
+                continue
+            n += 1
+            log.warning("saga_deadline_passed", saga_id=r.saga_id,
+                        deadline_at=aware(saga.deadline_at).isoformat())  # type: ignore[union-attr]
+            self.rt.bus.send_failure(r.saga_id, "deadline passed")
+        return n
+
+    def _flows(self) -> int:
+        """Flows not advanced after their last outcome (the advance was lost with a
+        worker, or the worker did not know the flow): sent again."""
+        quiet = self._ago(self.rt.settings.relay_after)
+        busy = select(entries.c.saga_id).where(
+            entries.c.saga_id == sagas.c.saga_id,
+            entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
+        rows = self._sagas(and_(sagas.c.flow.is_not(None),
+                                sagas.c.status == SagaStatus.RUNNING.value,
+                                sagas.c.fail_requested_at.is_(None),
+                                sagas.c.updated_at < quiet,
+                                func.coalesce(sagas.c.advanced_at, sagas.c.created_at) < quiet,
+                                ~busy.exists()))
+        for r in rows:
+            with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
+                log.warning("flow_resumed", flow=r.flow)
+            self.rt.bus.send_advance(r.saga_id)
+        return len(rows)
+
+    def _idle(self) -> int:
+        """Asynchronous sagas nobody drives: RUNNING, no step in flight, no write for
+        SAGAWORKER_IDLE_AFTER seconds. Logged once per idle spell (its producer is gone
+        and its effects are live: an operator completes or aborts it)."""
+        busy = select(entries.c.saga_id).where(
+            entries.c.saga_id == sagas.c.saga_id,
+            (entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
+            | (entries.c.updated_at > self._ago(self.rt.settings.idle_after)))
+        rows = self.rt.journal.stale(
+            select(sagas).where(
+                sagas.c.flow.is_(None), sagas.c.status == SagaStatus.RUNNING.value,
+                sagas.c.fail_requested_at.is_(None),
+                sagas.c.updated_at < self._ago(self.rt.settings.idle_after),
+                or_(sagas.c.idle_reported_at.is_(None),
+                    sagas.c.idle_reported_at < sagas.c.updated_at),
+                ~busy.exists()).limit(_BATCH))
+        n = 0
+        for r in rows:
+            with self.rt.journal.engine.begin() as conn:
+                got = conn.execute(update(sagas).where(
+                    sagas.c.saga_id == r.saga_id, sagas.c.updated_at == r.updated_at,
+                    or_(sagas.c.idle_reported_at.is_(None),
+                        sagas.c.idle_reported_at < sagas.c.updated_at))
+                    .values(idle_reported_at=db_now())).rowcount
+            if got:
+                n += 1
+                idle = (now() - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
+                log.error("saga_idle", saga_id=r.saga_id, idle_s=round(idle, 1),
+                          detail=f"RUNNING with no step in flight and no write for "
+                                 f"{round(idle)} s: complete it, or run `sagaworker abort "
+                                 f"{r.saga_id} --reason R`")
+        return n
 
     def _open_saga(self) -> Any:
         return entries.c.saga_id.in_(select(sagas.c.saga_id).where(

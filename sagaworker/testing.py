@@ -103,6 +103,9 @@ class _InProcessBus:
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.sw.compensator.run_chain(saga_id)
 
+    def send_advance(self, saga_id: str) -> None:
+        self.sw.flows.advance(saga_id)
+
 
 @contextlib.contextmanager
 def harness(sw: Sagaworker) -> Iterator[_Plan]:
@@ -129,8 +132,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     for key, undo in sw.registry.undos.items():
         undo.fn = _spy_undo(plan, f"{key[0]}.{key[1]}", undo.fn, undo.takes_context)
 
-    def enqueue(saga_id: str, calls: Any) -> Any:
-        steps = real_enqueue(saga_id, calls)
+    def enqueue(saga_id: str, calls: Any, **options: Any) -> Any:
+        steps = real_enqueue(saga_id, calls, **options)
         for req in sw.pending_approvals():
             if req.saga_id == saga_id:
                 sw.approve(req.token, approver="sagaworker.testing")

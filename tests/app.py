@@ -26,7 +26,14 @@ from sqlalchemy import (
 from sqlalchemy import select as _select
 from sqlalchemy.exc import IntegrityError
 
-from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
+from sagaworker import (
+    CompensationContext,
+    FlowContext,
+    Reversibility,
+    Sagaworker,
+    Settings,
+    ToolFailed,
+)
 from sagaworker._dialect import normalize_url
 
 ledger_md = MetaData()
@@ -97,6 +104,42 @@ class Boom(Exception):
 
 class NotJson:
     pass
+
+
+# -- flows (SPEC 12): module level, so every worker imports them by name ------------------
+
+def three_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0) -> dict[str, Any]:
+    """a, b, c one after the other; step ``fail_at`` fails; b takes ``sleep`` seconds."""
+    a = s.call("tests.app.step", key, "a", fail=fail_at == 1)
+    b = s.call("tests.app.step", key, "b", fail=fail_at == 2, sleep=sleep)
+    c = s.call("tests.app.step", key, "c", fail=fail_at == 3)
+    return {"a": a, "b": b, "c": c}
+
+
+def fan_out(s: FlowContext, key: str) -> list[Any]:
+    """Three steps at once, gathered, then one more that uses their results."""
+    handles = [s.enqueue("tests.app.step", key, n) for n in ("x", "y", "z")]
+    got = s.gather(*handles)
+    return [*got, s.call("tests.app.step", key, "after-" + "-".join(got))]
+
+
+def gated_flow(s: FlowContext, key: str, parcel: str) -> str:
+    """A step, then the IRREVERSIBLE ship behind its approval gate."""
+    s.call("tests.app.step", key, "a")
+    return str(s.call("tests.app.ship", key, parcel))
+
+
+def catches_failure(s: FlowContext, key: str) -> str:
+    """Catches ToolFailed and carries on: the saga compensates all the same (SPEC 12)."""
+    s.call("tests.app.step", key, "a")
+    try:
+        s.call("tests.app.step", key, "b", fail=True)
+    except ToolFailed:
+        s.call("tests.app.step", key, "never")
+    return "caught"
+
+
+FLOWS = (three_steps, fan_out, gated_flow, catches_failure)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -266,6 +309,8 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", "returns_object")
         return NotJson()
 
+    for flow in FLOWS:
+        sw.flow()(flow)
     return app, sw
 
 

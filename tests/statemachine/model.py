@@ -72,6 +72,9 @@ class RecordingBus:
         if saga_id in self.sagas:
             self.messages.append(("compensate", saga_id))
 
+    def send_advance(self, saga_id: str) -> None:
+        pass  # the model has no flows
+
 
 def build(url: str) -> Sagaworker:
     app = Celery("model", broker="memory://")

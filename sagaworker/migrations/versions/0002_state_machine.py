@@ -29,6 +29,8 @@ SAGA_COLUMNS: list[sa.Column[Any]] = [
     sa.Column('flow', sa.String(length=300), nullable=True),
     sa.Column('flow_args', _json, nullable=True),
     sa.Column('flow_kwargs', _json, nullable=True),
+    sa.Column('result', _json, nullable=True),
+    sa.Column('advanced_at', _ts, nullable=True),
     sa.Column('idle_reported_at', _ts, nullable=True),
 ]
 ENTRY_COLUMNS: list[sa.Column[Any]] = [
