@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench faults clean venv web browser
+.PHONY: demo test lint bench faults fuzz clean venv web browser
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -27,6 +27,10 @@ test: lint
 
 faults: $(STAMP)
 	FAULT_SCALE=large $(BIN)/pytest tests/faults
+
+# the state machine's model checker with a long random budget (make test runs a fixed one)
+fuzz: $(STAMP)
+	SAGAWORKER_FUZZ=1 $(BIN)/pytest tests/statemachine
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

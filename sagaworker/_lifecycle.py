@@ -41,7 +41,13 @@ _OPEN = (SagaStatus.RUNNING.value, SagaStatus.AWAITING_APPROVAL.value)
 MOVES: tuple[Move, ...] = (
     # -- the saga ------------------------------------------------------------------
     Move("saga", "begin", (NEW,), SagaStatus.RUNNING.value,
-         "the id is new (primary key)"),
+         "the id is new (primary key); a flow's name and arguments journaled with it"),
+    Move("saga", "request_failure", _OPEN, "FAILING",
+         "fail(), a FAILED or in-doubt step, a rejection, a deadline or an abort: the first "
+         "reason stands; gates close and no step starts from here on",
+         "saga_failed, saga_deadline_passed, saga_aborted"),
+    Move("saga", "begin_compensation_failing", ("FAILING",), SagaStatus.COMPENSATING.value,
+         "the failure handler (one wins, saga row lock)", "compensation_started"),
     Move("saga", "await_decision", (SagaStatus.RUNNING.value,),
          SagaStatus.AWAITING_APPROVAL.value,
          "a gated step is journaled; the saga is not failing", "approval_requested"),

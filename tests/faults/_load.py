@@ -47,6 +47,9 @@ class Figures:
     undos_duplicated: int = 0
     undo_retries: int = 0
     in_doubt: int = 0
+    #: attempts that started and never finished (a second attempt, or in doubt): the
+    #: proof that a kill hit a running tool, not just a process
+    interrupted: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -163,6 +166,7 @@ def check(c: Cluster, scenario: str, ids: list[str], faults: int) -> Figures:
             f.undo_retries += max(len(attempts) - 1, 0)
             if len(set(attempts)) != len(attempts):
                 f.problems.append(f"{where}: two undo tries under one claim {attempts}")
+            f.interrupted += e.in_doubt or e.attempts > 1
             if e.in_doubt:
                 f.in_doubt += 1
                 if n_undo:

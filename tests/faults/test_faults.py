@@ -19,7 +19,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sqlalchemy import select
 
+from sagaworker._schema import entries
 from tests.conftest import BROKERS, ROOT, Cluster, _broker, need, new_settings, worker_env
 from tests.faults import services
 from tests.faults._load import Figures, every, run_load, save
@@ -78,13 +80,24 @@ def test_worker_sigkilled_repeatedly(fault_cluster: Cluster) -> None:
 def test_pool_child_sigkilled_mid_tool(fault_cluster: Cluster) -> None:
     """Pool children SIGKILLed while running tools: in doubt at worst, never twice."""
     def kill_child() -> None:
+        # the child that holds a running attempt (the journal names its pid), else any
         kids = psutil.Process(fault_cluster.workers[0][0].pid).children(recursive=True)
-        if kids:
+        pids = {k.pid for k in kids}
+        with fault_cluster.sw.journal.engine.connect() as conn:
+            running = [int(w.rpartition("|")[2]) for w in conn.execute(
+                select(entries.c.worker).where(entries.c.phase == "INTENT",
+                                               entries.c.lease_until.is_not(None))).scalars()
+                       if w and w.rpartition("|")[2].isdigit()]
+        targets = [p for p in running if p in pids]
+        if targets:
+            os.kill(random.choice(targets), signal.SIGKILL)
+        elif kids:
             random.choice(kids).kill()
 
     f = run_load(fault_cluster, "child-sigkill",
                  inject=lambda stop: every(stop, 1.0, 6, kill_child))
     assert f.faults >= 1
+    assert f.interrupted >= 1, "no kill interrupted a running tool"
     assert_clean(f)
 
 

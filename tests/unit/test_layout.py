@@ -53,3 +53,12 @@ def test_the_lifecycle_lives_in_one_table() -> None:
 
     names = [(m.machine, m.name) for m in MOVES]
     assert len(names) == len(set(names))
+
+
+def test_reliability_doc_draws_the_table() -> None:
+    """docs/reliability.md shows the diagrams the lifecycle table draws, as they are now."""
+    from sagaworker._lifecycle import mermaid
+
+    doc = (PKG.parent / "docs" / "reliability.md").read_text()
+    for machine in ("saga", "step", "undo"):
+        assert f"```mermaid\n{mermaid(machine)}\n```" in doc, f"regenerate the {machine} diagram"
