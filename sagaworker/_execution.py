@@ -93,7 +93,6 @@ class Executor:
         if env is None and task.request.called_directly:
             return spec.fn(*args, **kwargs)
         task_id = task.request.id
-        self.raised.pop(task_id, None)  # never a flag left by an earlier attempt
         try:
             saga_id, seq = _envelope(env)
         except BadInput as exc:
@@ -173,6 +172,9 @@ class Executor:
                              "effect happened and is not journaled")
             return None
         log.info("step_executed", duration_ms=duration_ms, attempt=claim.attempt)
+        # an earlier attempt's flag (a retry that then succeeded) is of no use now; a flag is
+        # fenced by its token anyway, so a stale one can never fail a newer attempt
+        self.raised.pop(task.request.id, None)
         if outcome.status is SagaStatus.COMPENSATING:
             rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
         elif outcome.flow is not None and self.advance is not None:

@@ -247,7 +247,7 @@ class Journal:
         """A flow was replayed (the sweeper re-sends only advances that were lost)."""
         with self.engine.begin() as conn:
             conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
-                         .values(advanced_at=now()))
+                         .values(advanced_at=now(), resends=0, resend_at=None))
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
         with self.engine.connect() as conn:

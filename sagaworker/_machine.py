@@ -142,7 +142,7 @@ class Machine:
                 .values(attempts=entries.c.attempts + 1, started_at=now(),
                         lease_until=db_later(self.lease), worker=worker, attempt_token=token,
                         retry_due_at=None, task_id=func.coalesce(task_id, entries.c.task_id),
-                        updated_at=now())
+                        resends=0, resend_at=None, updated_at=now())
                 .returning(*entries.c)).first()  # (SQLite returns the target table only)
             if claimed is not None:
                 return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
@@ -195,7 +195,7 @@ class Machine:
                          attempts=row.attempts + 1, started_at=now(),
                          lease_until=db_later(self.lease), worker=worker, attempt_token=token,
                          retry_due_at=None, reruns=row.reruns + (1 if died else 0),
-                         task_id=task_id or row.task_id)
+                         task_id=task_id or row.task_id, resends=0, resend_at=None)
         return Claim(Start.RUN, attempt=row.attempts + 1, row=row, saga_status=status,
                      rerun=died)
 
@@ -445,7 +445,7 @@ class Machine:
         order = conn.execute(
             update(sagas).where(sagas.c.saga_id == saga_id)
             .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
-                    updated_at=now())
+                    updated_at=now(), resends=0, resend_at=None)
             .returning(sagas.c.comp_counter)).scalar()
         extra = {} if attempts is None else {"compensation_attempts": attempts}
         n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
@@ -468,7 +468,7 @@ class Machine:
                 entries.c.saga_id == saga_id, entries.c.phase == _INTENT,
                 entries.c.lease_until.is_not(None))).all():
             if p.alive:
-                return UndoState(UndoClaim.WAITING, row=p)
+                return UndoState(UndoClaim.WAITING, row=p, in_doubt=tuple(doubted))
             self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
             doubted.append(p)
         died: list[tuple[Any, str]] = []

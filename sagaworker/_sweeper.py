@@ -129,18 +129,17 @@ class Sweeper:
         return n
 
     def _flows(self) -> int:
-        """Flows not advanced after their last outcome (the advance was lost with a
-        worker, or the worker did not know the flow): sent again."""
+        """Flows not replayed since their last outcome (the advance was lost with the
+        worker that journaled it, or that worker did not know the flow): sent again. Other
+        steps of the flow may still run or wait at a gate meanwhile."""
         quiet = self._ago(self.rt.settings.relay_after)
-        busy = select(entries.c.saga_id).where(
-            entries.c.saga_id == sagas.c.saga_id,
-            entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
-        rows = self._sagas(and_(sagas.c.flow.is_not(None),
-                                sagas.c.status == SagaStatus.RUNNING.value,
+        advanced = func.coalesce(sagas.c.advanced_at, sagas.c.created_at)
+        outcome_since = select(entries.c.saga_id).where(
+            entries.c.saga_id == sagas.c.saga_id, entries.c.executed_at > advanced)
+        rows = self._sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
                                 sagas.c.fail_requested_at.is_(None),
                                 sagas.c.updated_at < quiet,
-                                func.coalesce(sagas.c.advanced_at, sagas.c.created_at) < quiet,
-                                ~busy.exists()))
+                                or_(sagas.c.advanced_at.is_(None), outcome_since.exists())))
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("flow_resumed", flow=r.flow)

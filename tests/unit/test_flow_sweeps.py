@@ -1,0 +1,115 @@
+"""The sweeper's part in flows, deadlines and idle sagas (journal logic, no worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import update
+from structlog.testing import capture_logs
+
+from sagaworker import FlowContext, Reversibility, Sagaworker, SagaStatus, Settings
+from sagaworker._dialect import db_later
+from sagaworker._schema import entries, sagas
+from tests.statemachine.model import RecordingBus
+
+
+class FlowBus(RecordingBus):
+    def __init__(self, sagas: list[str]) -> None:
+        super().__init__(sagas)
+        self.advances: list[str] = []
+
+    def send_advance(self, saga_id: str) -> None:
+        self.advances.append(saga_id)
+
+
+def gate_first(s: FlowContext, n: int) -> list[Any]:
+    """A gate enqueued first, then two steps awaited one after the other."""
+    g = s.enqueue("tests.unit.test_flow_sweeps.ship", n)
+    a = s.call("tests.unit.test_flow_sweeps.plain", n)
+    b = s.call("tests.unit.test_flow_sweeps.plain", n + 1)
+    return [a, b, *s.gather(g)]
+
+
+@pytest.fixture
+def flow_sw(tmp_path: Path) -> Iterator[tuple[Sagaworker, FlowBus]]:
+    app = Celery("flows", broker="memory://")
+    sw = Sagaworker(app, settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret="s" * 40, relay_after=30, idle_after=60))
+
+    @sw.tool()
+    def plain(n: int) -> int:
+        return n
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def ship(n: int) -> int:
+        return n
+
+    sw.flow()(gate_first)
+    bus = FlowBus(["f-1", "a-1"])
+    sw.rt.bus = bus
+    yield sw, bus
+
+
+def age(sw: Sagaworker, saga_id: str, seconds: float) -> None:
+    """Time passes for one saga: every timestamp the sweeper reads moves back."""
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(sagas).where(sagas.c.saga_id == saga_id).values(
+            updated_at=db_later(-seconds), created_at=db_later(-seconds)))
+        conn.execute(update(entries).where(entries.c.saga_id == saga_id).values(
+            updated_at=db_later(-seconds), created_at=db_later(-seconds)))
+
+
+def run_step(sw: Sagaworker, saga_id: str, seq: int, tool: str, result: Any) -> None:
+    sw.machine.claim_start(saga_id, seq, tool, token=f"t{seq}", worker="w",
+                           idempotent=False, task_id=None)
+    assert sw.machine.executed(saga_id, seq, f"t{seq}", result, 1.0).applied
+
+
+def test_lost_advance_is_resent_while_a_gate_waits(flow_sw: tuple[Sagaworker, FlowBus]) -> None:
+    """A step's outcome whose advance was lost is found although another step of the flow
+    waits at its gate (the saga is AWAITING_APPROVAL)."""
+    sw, bus = flow_sw
+    sw.start("f-1", gate_first, 1)
+    sw.flows.advance("f-1")  # journals the gate and step a
+    rec = sw.inspect("f-1")
+    assert rec.status is SagaStatus.AWAITING_APPROVAL and len(rec.entries) == 2
+    run_step(sw, "f-1", 2, "tests.unit.test_flow_sweeps.plain", 1)  # its worker then dies
+    bus.advances.clear()
+    age(sw, "f-1", 120)
+    sw.sweeper.sweep()
+    assert bus.advances == ["f-1"]
+    sw.flows.advance("f-1")
+    assert [e.tool_name.rsplit(".", 1)[1] for e in sw.inspect("f-1").entries] == [
+        "ship", "plain", "plain"]
+    bus.advances.clear()
+    sw.sweeper.sweep()  # advanced since that outcome: nothing to resend
+    assert bus.advances == []
+
+
+def test_deadline_and_idle(flow_sw: tuple[Sagaworker, FlowBus]) -> None:
+    """A saga past its deadline is failed once (saga_deadline_passed); an undriven
+    asynchronous saga is reported once per idle spell (saga_idle)."""
+    sw, bus = flow_sw
+    saga = sw.begin("a-1", deadline=3600)
+    saga.enqueue(sw.registry.tool("tests.unit.test_flow_sweeps.plain").task, 5)
+    run_step(sw, "a-1", 1, "tests.unit.test_flow_sweeps.plain", 5)
+    age(sw, "a-1", 120)
+    with capture_logs() as logs:
+        sw.sweeper.sweep()
+        sw.sweeper.sweep()
+    assert [e["event"] for e in logs if e["event"] == "saga_idle"] == ["saga_idle"]
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(sagas).where(sagas.c.saga_id == "a-1")
+                     .values(deadline_at=db_later(-1.0)))
+    with capture_logs() as logs:
+        sw.sweeper.sweep()
+        sw.sweeper.sweep()
+    assert [e["event"] for e in logs if e["event"] == "saga_deadline_passed"] == [
+        "saga_deadline_passed"]
+    assert sw.inspect("a-1").reason == "deadline passed"
+    assert ("failure", "a-1", "deadline passed") in bus.messages
