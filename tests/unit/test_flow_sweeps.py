@@ -11,7 +11,7 @@ from celery import Celery
 from sqlalchemy import update
 from structlog.testing import capture_logs
 
-from sagaworker import FlowContext, Reversibility, Sagaworker, SagaStatus, Settings
+from sagaworker import FlowContext, Reversibility, SagaStatus, Sagaworker, Settings
 from sagaworker._dialect import db_later
 from sagaworker._schema import entries, sagas
 from tests.statemachine.model import RecordingBus
