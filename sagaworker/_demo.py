@@ -50,11 +50,12 @@ def run_demo(*, keep: bool = False) -> int:
     console.print(f"[bold]sagaworker demo[/] in {folder}\n"
                   "journal: SQLite, broker: kombu filesystem transport (no server)\n"
                   "approval secret: a throwaway one generated for this demo only")
+    import importlib
+
+    sw = importlib.import_module("tasks").sw
+    sw.create_schema()  # the release step: the journal and the example's own tables
     proc = start_worker("tasks", env, folder / "worker.log")
     try:
-        import importlib
-
-        sw = importlib.import_module("tasks").sw
         order_work = importlib.import_module("tasks.orders").order_work
 
         stop = threading.Event()

@@ -226,8 +226,19 @@ def upgrade(c: Ctx, database_url: str | None) -> None:
 
     from ._migrate import upgrade as run
 
-    url = database_url or c.database_url or c.sw.settings.database_url
-    run(url)
+    url = database_url or c.database_url
+    try:
+        sw = c.sw
+    except click.UsageError:
+        if url is None:
+            raise
+        sw = None  # no app module: the journal alone, on the URL given
+    if sw is None:
+        assert url is not None
+        run(url)
+    else:
+        url = url or sw.settings.database_url
+        sw.create_schema(url)  # the journal, then the app's own tables (sw.on_upgrade)
     click.echo(f"journal schema is up to date in {make_url(url).render_as_string()}")
 
 

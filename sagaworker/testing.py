@@ -121,6 +121,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     engine = make_engine(url)
     journal = Journal(engine)
     journal.create_all()
+    for hook in sw.upgrade_hooks:  # the app's own tables (sw.on_upgrade)
+        hook(url)
     rt.use(journal, sw.settings.model_copy(update={
         "compensation_backoff": 0.0, "database_url": url,
         "approval_secret": sw.settings.approval_secret

@@ -83,6 +83,20 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "up to date" in r.output
 
 
+def test_db_upgrade_creates_the_examples_own_tables(tmp_path: Path) -> None:
+    """The release step creates the example's tables (``sw.on_upgrade``), so no tool call
+    creates them lazily; it is idempotent."""
+    env = _bare_env(tmp_path)
+    url = f"sqlite:///{tmp_path / 'rel.db'}"
+    for _ in range(2):
+        r = _cli(["-A", "tasks", "--database-url", url, "db", "upgrade"], tmp_path, env)
+        assert r.returncode == 0, r.stderr
+    engine = create_engine(url)
+    assert {"example_holds", "example_charges", "example_shipments",
+            *metadata.tables} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
 def _app_module(folder: Path, name: str, database_url: str) -> None:
     """A module holding a Celery app and a Sagaworker given its database explicitly."""
     (folder / f"{name}.py").write_text(
