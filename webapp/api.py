@@ -15,7 +15,7 @@ from sagaworker import (
     SagaStatus,
 )
 
-from .orders import Runner, ValidationFailed, parse_order, saga_id_for
+from .orders import Orders, ValidationFailed, parse_order, saga_id_for
 from .serialize import approval_json, saga_json
 
 __all__ = ["bp", "state"]
@@ -25,9 +25,9 @@ bp = Blueprint("api", __name__)
 Reply = tuple[Response, int]
 
 
-def state() -> Runner:
-    runner: Runner = current_app.extensions["sagaworker_runner"]
-    return runner
+def state() -> Orders:
+    orders: Orders = current_app.extensions["sagaworker_orders"]
+    return orders
 
 
 def _error(status: int, message: str, **extra: Any) -> Reply:
@@ -52,9 +52,8 @@ def _invalid(exc: ValidationFailed) -> Reply:
 @bp.post("/orders")
 def post_order() -> Reply:
     order = parse_order(_json_body())
-    runner = state()
     try:
-        saga_id = runner.start(order)
+        saga_id = state().start(order)  # journaled and handed to the workers: returns at once
     except SagaExists as exc:
         return _error(409, str(exc), saga_id=saga_id_for(order.order_id))
     resp = jsonify({"saga_id": saga_id, "status": SagaStatus.RUNNING.value,
