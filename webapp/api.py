@@ -16,6 +16,7 @@ from sagaworker import (
 )
 
 from .orders import Orders, ValidationFailed, parse_order, saga_id_for
+from .queries import idle_sagas
 from .serialize import approval_json, saga_json
 
 __all__ = ["bp", "state"]
@@ -70,8 +71,14 @@ def list_sagas() -> Reply:
     raw_limit = request.args.get("limit", "100")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
         raise ValidationFailed({"limit": "must be an integer between 1 and 1000"})
+    idle = request.args.get("idle", "")
+    if idle not in ("", "0", "1", "true", "false"):
+        raise ValidationFailed({"idle": "must be true or false"})
     sw = state().sw
-    recs = sw.sagas(status=status, limit=int(raw_limit))
+    if idle in ("1", "true"):  # the sweeper reported them idle (saga_idle): abort or complete
+        recs = idle_sagas(sw, int(raw_limit))
+    else:
+        recs = sw.sagas(status=status, limit=int(raw_limit))
     red = Redaction.of(sw)
     return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
 
