@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import click
+from kombu.exceptions import KombuError
 
 from ._errors import SagaNotFound, SagaworkerError
 from ._redact import Redaction
@@ -234,6 +235,9 @@ def abort(c: Ctx, saga_id: str, reason: str, actor: str | None) -> None:
         c.sw.abort(saga_id, reason=reason.strip(), actor=who.strip())
     except SagaworkerError as exc:
         refuse(str(exc))
+    except (OSError, KombuError) as exc:  # journaled, but the failure message was not sent
+        click.echo(f"warning: the abort is journaled but the broker refused the failure "
+                   f"message ({type(exc).__name__}: {exc}); the sweeper sends it", err=True)
     click.echo(f"aborted {saga_id}: it compensates (sagaworker show {saga_id})")
 
 
