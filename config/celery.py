@@ -6,11 +6,16 @@ queues) are applied by ``Sagaworker`` itself; this module holds the app's own ch
 
 from __future__ import annotations
 
+import os
+
 from sagaworker import Settings
 
 _settings = Settings()
 
 broker_url = _settings.broker_url
+# the queue of the example's tool tasks: Celery's "celery" unless set (two deployments that
+# share a broker vhost give each its own)
+task_default_queue = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 task_serializer = "json"
 accept_content = ["json"]
 result_backend = None

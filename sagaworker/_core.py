@@ -60,6 +60,8 @@ class Sagaworker:
         self.gate = Gate(self.rt)
         self.sweeper = Sweeper(self.rt, self.flows)
         self.wiring = CeleryWiring(self)
+        #: the app's own schema steps (``on_upgrade``), run after the journal's migrations
+        self.upgrade_hooks: list[Callable[[str], None]] = []
         ensure_structlog(self.settings.redact_keys, self.registry)
 
     # -- wiring -----------------------------------------------------------------
@@ -89,11 +91,22 @@ class Sagaworker:
         """After a fork: never share the parent's pooled connections."""
         self.rt.dispose_engine()
 
-    def create_schema(self) -> None:
-        """Create the journal tables (what `sagaworker db upgrade` does, via Alembic)."""
+    def create_schema(self, database_url: str | None = None) -> None:
+        """Migrate the journal (Alembic), then run the app's ``on_upgrade`` steps: what
+        `sagaworker db upgrade` does."""
         from ._migrate import upgrade
 
-        upgrade(self.settings.database_url)
+        url = database_url or self.settings.database_url
+        upgrade(url)
+        for hook in self.upgrade_hooks:
+            hook(url)
+
+    def on_upgrade(self, fn: Callable[[str], None]) -> Callable[[str], None]:
+        """Register ``fn(database_url)``, a schema step of the app's own (its tables): run
+        after the journal's migrations by `sagaworker db upgrade` and ``create_schema()``,
+        and on the throwaway journal of ``sagaworker.testing``. Make it idempotent."""
+        self.upgrade_hooks.append(fn)
+        return fn
 
     # -- declaring ----------------------------------------------------------------
 

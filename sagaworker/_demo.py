@@ -50,13 +50,13 @@ def run_demo(*, keep: bool = False) -> int:
     console.print(f"[bold]sagaworker demo[/] in {folder}\n"
                   "journal: SQLite, broker: kombu filesystem transport (no server)\n"
                   "approval secret: a throwaway one generated for this demo only")
+    import importlib
+
+    tasks = importlib.import_module("tasks")
+    sw, place_order = tasks.sw, importlib.import_module("tasks.orders").place_order
+    sw.create_schema()  # the release step: the journal and the example's own tables
     proc = start_worker("tasks", env, folder / "worker.log")
     try:
-        import importlib
-
-        sw = importlib.import_module("tasks").sw
-        order_work = importlib.import_module("tasks.orders").order_work
-
         stop = threading.Event()
 
         def approver() -> None:  # plays the human on the approval gate
@@ -68,13 +68,14 @@ def run_demo(*, keep: bool = False) -> int:
                 stop.wait(0.1)
 
         threading.Thread(target=approver, daemon=True).start()
-        console.rule("1. an order that completes")
-        ok = sw.saga("order-1001", order_work("1001", "sku-42", 2, "card-4242", 3_000),
-                     metadata={"customer": "c-9"}, timeout=60)
+        console.rule("1. an order that completes (a flow: sw.start returns, the worker "
+                     "carries it)")
+        ok = sw.start("order-1001", place_order, "1001", "sku-42", 2, "card-4242", 3_000,
+                      metadata={"customer": "c-9"}).wait(timeout=60)
         render_saga(sw.inspect(ok.saga_id))
         console.rule("2. an order whose card is declined: compensated in reverse")
-        bad = sw.saga("order-1002", order_work("1002", "sku-42", 1, "declined-0002", 1_500),
-                      metadata={"customer": "c-7"}, timeout=60)
+        bad = sw.start("order-1002", place_order, "1002", "sku-42", 1, "declined-0002", 1_500,
+                       metadata={"customer": "c-7"}).wait(timeout=60)
         render_saga(sw.inspect(bad.saga_id))
         stop.set()
         good = ok.status.value == "COMPLETED" and bad.status.value == "COMPENSATED"

@@ -271,17 +271,30 @@ class Redaction:
 
     keys: frozenset[str]
     lookup: Callable[[str], Signature | None] = signature_of
+    #: a flow's signature without its FlowContext (None: its positional arguments are all
+    #: redacted, the safe side)
+    flow_lookup: Callable[[str], Signature | None] = lambda name: None
 
     @classmethod
     def of(cls, sw: Any) -> Redaction:
-        """The redaction of one ``Sagaworker``: its keys, its tools' signatures."""
+        """The redaction of one ``Sagaworker``: its keys, its tools' and flows' signatures."""
         registry = sw.registry
 
         def lookup(name: str) -> Signature | None:
             spec = registry.tool(name)
             return spec.signature if spec is not None else signature_of(name)
 
-        return cls(frozenset(sw.settings.redact_keys), lookup)
+        def flow_lookup(name: str) -> Signature | None:
+            spec = getattr(sw, "flows", None) and sw.flows.specs.get(name)
+            if not spec:
+                return None
+            try:
+                sig = inspect.signature(spec.fn)
+            except (TypeError, ValueError):
+                return None
+            return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup)
 
     @classmethod
     def current(cls) -> Redaction:
@@ -307,13 +320,23 @@ class Redaction:
     def record(self, rec: SagaRecord) -> SagaRecord:
         if not self.keys:
             return rec
-        vals = _merge(self.values(e) for e in rec.entries)
+        flow_args, flow_kwargs = rec.flow_args, rec.flow_kwargs
+        flow_vals: list[str] = []
+        if rec.flow is not None and (flow_args or flow_kwargs):
+            sig = self.flow_lookup(rec.flow)
+            flow_vals = secret_values(sig, flow_args or [], flow_kwargs or {}, self.keys)
+            new_args, new_kwargs = redact_call(sig, flow_args or [], flow_kwargs or {},
+                                               self.keys)
+            flow_args = new_args if flow_args is not None else None
+            flow_kwargs = new_kwargs if flow_kwargs is not None else None
+        vals = _merge([flow_vals, *(self.values(e) for e in rec.entries)])
         report = dataclasses.replace(
             rec.report,
             outcomes=[dataclasses.replace(o, detail=_text(o.detail, vals))
                       for o in rec.report.outcomes],
             in_doubt=[self.entry(e, vals) for e in rec.report.in_doubt])
         return dataclasses.replace(rec, reason=_text(rec.reason, vals),
+                                   flow_args=flow_args, flow_kwargs=flow_kwargs,
                                    metadata=redact_value(rec.metadata, self.keys),
                                    entries=[self.entry(e, vals) for e in rec.entries],
                                    report=report)

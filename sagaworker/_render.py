@@ -12,7 +12,8 @@ from ._jsonable import plain
 from ._redact import Redaction
 from ._types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
 
-__all__ = ["console", "redacted", "render_saga", "render_sagas", "to_json"]
+__all__ = ["console", "flow_call", "redacted", "render_saga", "render_sagas", "saga_json",
+           "to_json", "waiting_step"]
 
 console = Console(highlight=False)
 
@@ -35,6 +36,33 @@ def to_json(o: Any, redaction: Redaction | None = None) -> str:
     return json.dumps(plain(redacted(o, redaction)), indent=2, default=str)
 
 
+def waiting_step(rec: SagaRecord) -> EntryRecord | None:
+    """The step an open saga waits on: its first entry still INTENT or AWAITING_APPROVAL."""
+    if rec.status.terminal:
+        return None
+    return next((e for e in rec.entries
+                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)
+
+
+def flow_call(rec: SagaRecord) -> str | None:
+    """``name(arg, ..., key=value)`` of a flow saga (as given, redact it first)."""
+    if rec.flow is None:
+        return None
+    parts = [json.dumps(a, default=str) for a in rec.flow_args or []]
+    parts += [f"{k}={json.dumps(v, default=str)}" for k, v in (rec.flow_kwargs or {}).items()]
+    return f"{rec.flow}({', '.join(parts)})"
+
+
+def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, Any]:
+    """The saga as JSON (redacted), with ``waiting_on``: the step it waits on, or None."""
+    rec = redacted(rec, redaction)
+    d: dict[str, Any] = plain(rec)
+    step = waiting_step(rec)
+    d["waiting_on"] = None if step is None else {
+        "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
+    return d
+
+
 def _short(v: Any, n: int = 40) -> str:
     s = json.dumps(v, default=str) if not isinstance(v, str) else v
     return s if len(s) <= n else s[: n - 1] + "…"
@@ -49,6 +77,17 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
     c = _STATUS.get(rec.status, "")
     console.print(f"[bold]saga {rec.saga_id}[/]  [{c}]{rec.status.value}[/]"
                   + (f"  reason: {rec.reason}" if rec.reason else ""))
+    call = flow_call(rec)
+    if call is not None:
+        console.print(f"flow: {call}", markup=False)
+    step = waiting_step(rec)
+    if step is not None:
+        what = ("an approval" if step.phase is Phase.AWAITING_APPROVAL
+                else "its outcome")
+        console.print(f"waiting on: step {step.seq} {_tool(step.tool_name)} "
+                      f"({step.phase.value}, {what})", markup=False)
+    if rec.deadline_at is not None:
+        console.print(f"deadline: {rec.deadline_at.isoformat()}", markup=False)
     t = Table(title="journal", title_justify="left")
     for col in ("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
                 "undo tries"):

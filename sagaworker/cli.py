@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import getpass
 import importlib
+import json
 import os
 import sys
 from typing import Any
 
 import click
+from kombu.exceptions import KombuError
 
 from ._errors import SagaNotFound, SagaworkerError
-from ._render import console, redacted, render_saga, render_sagas, to_json
+from ._redact import Redaction
+from ._render import console, redacted, render_saga, render_sagas, saga_json, to_json
 from ._settings import Settings
 from ._types import SagaStatus
 
@@ -114,7 +117,11 @@ def show(c: Ctx, saga_id: str, as_json: bool) -> None:
         rec = c.sw.inspect(saga_id)
     except SagaNotFound as exc:
         refuse(str(exc))
-    click.echo(to_json(rec)) if as_json else render_saga(rec)
+    red = Redaction.of(c.sw)  # the app's tools and flows: their arguments redacted by name
+    if as_json:
+        click.echo(json.dumps(saga_json(rec, red), indent=2, default=str))
+    else:
+        render_saga(rec, red)
 
 
 @main.command("list")
@@ -125,7 +132,8 @@ def show(c: Ctx, saga_id: str, as_json: bool) -> None:
 def list_(c: Ctx, status: str | None, limit: int, as_json: bool) -> None:
     """Sagas, newest first."""
     recs = c.sw.sagas(status=status, limit=limit)
-    click.echo(to_json(recs)) if as_json else render_sagas(recs)
+    red = Redaction.of(c.sw)
+    click.echo(to_json(recs, red)) if as_json else render_sagas(recs, red)
 
 
 @main.command()
@@ -211,6 +219,28 @@ def retry_compensation(c: Ctx, saga_id: str, wait: bool, timeout: float) -> None
         sys.exit(0 if res.status is SagaStatus.COMPENSATED else 1)
 
 
+@main.command()
+@click.argument("saga_id")
+@click.option("--reason", required=True, help="why the saga is failed (journaled, logged)")
+@click.option("--actor", default=None, help="who decides (default: your login name)")
+@pass_ctx
+def abort(c: Ctx, saga_id: str, reason: str, actor: str | None) -> None:
+    """An operator fails a running saga: its gates close and it compensates."""
+    if not reason.strip():
+        raise click.BadParameter("give a non-empty reason", param_hint="--reason")
+    who = actor if actor is not None else getpass.getuser()
+    if not who.strip():
+        raise click.BadParameter("give a non-empty actor", param_hint="--actor")
+    try:
+        c.sw.abort(saga_id, reason=reason.strip(), actor=who.strip())
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    except (OSError, KombuError) as exc:  # journaled, but the failure message was not sent
+        click.echo(f"warning: the abort is journaled but the broker refused the failure "
+                   f"message ({type(exc).__name__}: {exc}); the sweeper sends it", err=True)
+    click.echo(f"aborted {saga_id}: it compensates (sagaworker show {saga_id})")
+
+
 @main.group()
 def db() -> None:
     """Journal schema."""
@@ -226,8 +256,19 @@ def upgrade(c: Ctx, database_url: str | None) -> None:
 
     from ._migrate import upgrade as run
 
-    url = database_url or c.database_url or c.sw.settings.database_url
-    run(url)
+    url = database_url or c.database_url
+    try:
+        sw = c.sw
+    except click.UsageError:
+        if url is None:
+            raise
+        sw = None  # no app module: the journal alone, on the URL given
+    if sw is None:
+        assert url is not None
+        run(url)
+    else:
+        url = url or sw.settings.database_url
+        sw.create_schema(url)  # the journal, then the app's own tables (sw.on_upgrade)
     click.echo(f"journal schema is up to date in {make_url(url).render_as_string()}")
 
 

@@ -2,15 +2,21 @@
 
     from sagaworker.testing import check_compensation
 
-    def test_order_saga_compensates(tmp_path):
-        cases = check_compensation(sw, order_work("o-1", "sku", 1, "card", 100),
-                                   crash=True)
+    def test_order_saga_compensates():
+        check_compensation(sw, order_work("o-1", "sku", 1, "card", 100), crash=True)
 
-``check_compensation`` runs the work once to learn its steps, then once per step with
-that step failing, and asserts that every earlier EXECUTED step was undone in strict
-reverse order and that nothing after the failing step ran. With ``crash=True`` it also
-simulates, for each step, a worker lost between the effect and its EXECUTED commit, and
-asserts the step is reported in doubt (or, for ``idempotent=True`` tools, run again).
+    def test_order_flow_compensates():       # a flow: its arguments follow, as for sw.start
+        check_compensation(sw, place_order, "o-1", "sku", 1, "card", 100, crash=True)
+
+``check_compensation`` runs the work (or the flow, through ``sw.start``) once to learn its
+steps, then once per step with that step failing, and asserts that every earlier EXECUTED
+step was undone in strict reverse order and that nothing after the failing step ran. With
+``crash=True`` it also simulates, for each step, a worker lost between the effect and its
+EXECUTED commit, and asserts the step is reported in doubt (or, for ``idempotent=True``
+tools, run again). A flow is also replayed (twice) after every step, and the check fails
+if a replay diverges from the journal, asks for another next step than the replay before
+it, or returns another value: what a flow that reads the clock, a random number or
+anything outside the journal does.
 
 Steps run in the test process on a throwaway SQLite journal (the real journal code, the
 real compensation runner); gated steps are approved automatically.
@@ -19,6 +25,7 @@ real compensation runner); gated steps are approved automatically.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import secrets
 import tempfile
 import uuid
@@ -34,15 +41,16 @@ from sqlalchemy import update
 from ._compensation import current_compensation
 from ._dialect import make_engine
 from ._execution import ENVELOPE
+from ._flows import FlowContext, _Diverged, _Suspend
 from ._journal import Journal, now
 from ._schema import entries
 from ._types import SagaResult, SagaStatus
 
 if TYPE_CHECKING:
     from ._core import Sagaworker
-    from ._saga import SyncSaga
 
-__all__ = ["CompensationCase", "InjectedFailure", "check_compensation", "harness"]
+__all__ = ["CompensationCase", "InjectedFailure", "check_compensation", "harness",
+           "replay_problem"]
 
 
 class InjectedFailure(Exception):
@@ -71,6 +79,8 @@ class _Plan:
     crash: bool = False
     calls: list[str] = field(default_factory=list)
     undos: list[str] = field(default_factory=list)
+    #: what the replays after each step of a flow found wrong (see ``replay_problem``)
+    divergences: list[str] = field(default_factory=list)
 
 
 class _InProcessBus:
@@ -104,7 +114,7 @@ class _InProcessBus:
         self.sw.compensator.run_chain(saga_id)
 
     def send_advance(self, saga_id: str) -> None:
-        self.sw.flows.advance(saga_id)
+        (self.sw.executor.advance or self.sw.flows.advance)(saga_id)
 
 
 @contextlib.contextmanager
@@ -121,6 +131,8 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     engine = make_engine(url)
     journal = Journal(engine)
     journal.create_all()
+    for hook in sw.upgrade_hooks:  # the app's own tables (sw.on_upgrade)
+        hook(url)
     rt.use(journal, sw.settings.model_copy(update={
         "compensation_backoff": 0.0, "database_url": url,
         "approval_secret": sw.settings.approval_secret
@@ -140,9 +152,20 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
         return steps
 
     sw.producer.enqueue = enqueue  # type: ignore[method-assign]
+    real_advance = sw.executor.advance
+
+    def advance(saga_id: str) -> None:
+        """After every step of a flow: replay it (dry) and note any divergence first."""
+        problem = replay_problem(sw, saga_id)
+        if problem is not None:
+            plan.divergences.append(problem)
+        (real_advance or sw.flows.advance)(saga_id)
+
+    sw.executor.advance = advance
     try:
         yield plan
     finally:
+        sw.executor.advance = real_advance
         for name, fn in saved_fns.items():
             sw.registry.tools[name].fn = fn
         for key, fn in saved_undos.items():
@@ -176,17 +199,85 @@ def _spy_undo(plan: _Plan, name: str, fn: Callable[..., Any],
     return spy
 
 
-def check_compensation(sw: Sagaworker, work: Callable[[SyncSaga], Any], *,
+def replay_problem(sw: Sagaworker, saga_id: str) -> str | None:
+    """Replay a flow saga against its journal, twice, writing nothing; what is wrong, or
+    None. Wrong: a replay diverges (another tool or other arguments than the journal holds
+    at a position), returns before asking for every journaled step, or asks for another
+    next step or returns another value than the replay before it."""
+    saga = sw.journal.saga_row(saga_id)
+    if saga is None or saga.flow is None:
+        return None
+    spec = sw.flows.specs.get(saga.flow)
+    if spec is None:
+        return f"flow {saga.flow!r} is not registered on this Sagaworker"
+    rows = sw.journal.entries_of(saga_id)
+    seen: list[Any] = []
+    for _ in range(2):
+        ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, sw.producer)
+        try:
+            got: Any = ("returned", spec.fn(ctx, *(saga.flow_args or []),
+                                            **(saga.flow_kwargs or {})))
+        except _Suspend:
+            got = ("waits",)
+        except _Diverged as exc:
+            return exc.detail
+        except Exception as exc:  # ToolFailed for a failed step, or the flow's own error
+            got = ("raised", type(exc).__name__)
+        if got[0] == "returned" and not ctx.new and ctx.consumed < len(rows):
+            row = rows[ctx.consumed]
+            return (f"flow diverged at step {row.seq}: the journal holds {row.tool_name}, "
+                    "the replay returned before asking for it")
+        asked = ", ".join(f"{sw.producer.resolve(t).name}{_call(a, k)}" for t, a, k in ctx.new)
+        seen.append((asked or "no new step", got))
+    if seen[0] != seen[1]:
+        (asked1, got1), (asked2, got2) = seen
+        what = (f"asked for {asked1}, then for {asked2}" if asked1 != asked2
+                else f"came to {got1!r}, then to {got2!r}")
+        return (f"flow {saga.flow} is not deterministic: replayed twice on the same journal "
+                f"(through step {len(rows)}), it {what}; a flow may branch on results only, "
+                "never on the clock, a random number or a read outside the journal")
+    return None
+
+
+def _call(args: Any, kwargs: Any) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"({', '.join(parts)})"
+
+
+def check_compensation(sw: Sagaworker, work: Callable[..., Any] | str, /, *args: Any,
                        crash: bool = False, allow_dirty: bool = False,
-                       timeout: float = 30) -> list[CompensationCase]:
+                       timeout: float = 30, **kwargs: Any) -> list[CompensationCase]:
     """Fail each step of ``work`` in turn and assert the undo ran in strict reverse order.
 
-    Unless ``allow_dirty``, an undo that throws on every try (COMPENSATION_FAILED) fails
-    the check too.
+    ``work`` is a work function for ``sw.saga`` (``lambda s: ...``), or a registered flow
+    followed by its arguments, as ``sw.start`` takes them (``args=(...)``, ``kwargs={...}``
+    also do, for a flow with no parameters of those names): it then runs through
+    ``sw.start`` and is replayed after every step, and a replay that diverges fails the
+    check. Unless ``allow_dirty``, an undo that throws on every try (COMPENSATION_FAILED)
+    fails the check too.
     """
+    spec = next((f for f in sw.flows.specs.values() if f.fn is work or f.name == work), None)
+    if spec is None:
+        if isinstance(work, str):
+            raise TypeError(f"{work!r} is not a flow registered on this Sagaworker")
+        if args or kwargs:
+            raise TypeError("arguments after the work are a flow's; this is no registered "
+                            "flow (decorate it with @sw.flow()), and a work function for "
+                            "sw.saga takes only the SyncSaga")
+    elif kwargs and set(kwargs) <= {"args", "kwargs"} and not args and not (
+            set(kwargs) & set(inspect.signature(spec.fn).parameters)):
+        args, kwargs = tuple(kwargs.get("args", ())), dict(kwargs.get("kwargs", {}))
+
+    def run(saga_id: str) -> SagaResult:
+        if spec is None:
+            assert not isinstance(work, str)
+            return sw.saga(saga_id, work, timeout=timeout)
+        return sw.start(saga_id, spec.fn, *args, **kwargs).wait(timeout=timeout)
+
     cases: list[CompensationCase] = []
     with harness(sw) as plan:
-        dry = sw.saga(f"harness-dry-{uuid.uuid4().hex[:8]}", work, timeout=timeout)
+        dry = run(f"harness-dry-{uuid.uuid4().hex[:8]}")
+        _assert_replays(sw, plan, dry.saga_id, "the run with no failure")
         assert dry.status is SagaStatus.COMPLETED, f"the work did not complete: {dry.error}"
         steps = sw.inspect(dry.saga_id).entries
         for mode in ([False, True] if crash else [False]):
@@ -194,13 +285,23 @@ def check_compensation(sw: Sagaworker, work: Callable[[SyncSaga], Any], *,
                 plan.calls.clear()
                 plan.undos.clear()
                 plan.fail_at, plan.crash = k, mode
-                res = sw.saga(f"harness-{k}-{uuid.uuid4().hex[:8]}", work, timeout=timeout)
+                res = run(f"harness-{k}-{uuid.uuid4().hex[:8]}")
                 case = CompensationCase(seq=k, tool=entry.tool_name, crashed=mode, result=res,
                                         tools_run=list(plan.calls), undos_run=list(plan.undos))
+                _assert_replays(sw, plan, res.saga_id, f"step {k} ({entry.tool_name})"
+                                f"{' crashed' if mode else ' failed'}")
                 _assert_case(sw, case, steps, allow_dirty)
                 cases.append(case)
         plan.fail_at = None
     return cases
+
+
+def _assert_replays(sw: Sagaworker, plan: _Plan, saga_id: str, where: str) -> None:
+    """No replay after a step diverged, nor one of the finished journal."""
+    final = replay_problem(sw, saga_id)
+    found = [*plan.divergences, *([final] if final else [])]
+    plan.divergences.clear()
+    assert not found, f"{where}: {found[0]}"
 
 
 def _assert_case(sw: Sagaworker, case: CompensationCase, steps: list[Any],

@@ -2,6 +2,10 @@
 
 A real app would call an inventory service and a payment API; the example keeps its
 effects in the journal's database so the demo can show them being undone.
+
+Its tables are created by the release step, `sagaworker db upgrade` (the Procfile's
+``release`` line), through ``sw.on_upgrade``: never by the first tool call, where two
+prefork children would race to create them on a fresh database.
 """
 
 from __future__ import annotations
@@ -10,9 +14,23 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, insert, select, update
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
 
 from sagaworker import make_engine
+
+from ._app import sw
 
 metadata = MetaData()
 holds = Table("example_holds", metadata,
@@ -31,33 +49,68 @@ shipments = Table("example_shipments", metadata,
 _engines: dict[str, Any] = {}
 
 
-def engine() -> Any:
-    from ._app import sw
+@sw.on_upgrade
+def create_tables(database_url: str) -> None:
+    """The example's migration step (idempotent; on PostgreSQL two releases that run at
+    once take turns on an advisory lock instead of racing)."""
+    eng = make_engine(database_url)
+    try:
+        with eng.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('example_tables'))"))
+            metadata.create_all(conn)
+    finally:
+        eng.dispose()
 
+
+class TablesMissing(RuntimeError):
+    """The release step did not run on this database."""
+
+
+def engine() -> Any:
     url = sw.settings.database_url
     if url not in _engines:
         _engines[url] = make_engine(url)
-        metadata.create_all(_engines[url])
     return _engines[url]
+
+
+def _missing(exc: DBAPIError) -> TablesMissing | None:
+    text_ = str(exc.orig).lower()
+    if "example_" in text_ and ("no such table" in text_ or "does not exist" in text_):
+        return TablesMissing("the example's tables are missing from its database: run the "
+                             "release step, `sagaworker db upgrade`")
+    return None
+
+
+def write(stmt: Any) -> None:
+    try:
+        with engine().begin() as conn:
+            conn.execute(stmt)
+    except DBAPIError as exc:
+        missing = _missing(exc)
+        if missing is None:
+            raise
+        raise missing from exc
+
+
+def read(stmt: Any) -> list[Any]:
+    try:
+        with engine().connect() as conn:
+            return list(conn.execute(stmt).all())
+    except DBAPIError as exc:
+        missing = _missing(exc)
+        if missing is None:
+            raise
+        raise missing from exc
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def write(stmt: Any) -> None:
-    with engine().begin() as conn:
-        conn.execute(stmt)
-
-
-def read(stmt: Any) -> list[Any]:
-    with engine().connect() as conn:
-        return list(conn.execute(stmt).all())
-
-
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-__all__ = ["charges", "holds", "insert", "new_id", "now", "read", "select", "shipments",
-           "update", "write"]
+__all__ = ["TablesMissing", "charges", "create_tables", "holds", "insert", "new_id", "now",
+           "read", "select", "shipments", "update", "write"]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, jsonify, render_template, request
@@ -14,19 +15,20 @@ from werkzeug.exceptions import HTTPException
 from sagaworker import Sagaworker
 
 from . import api, dashboard
-from .orders import Order, OrderFlow, Runner, ValidationFailed, default_flow, parse_order
+from .orders import DEFAULT_FLOW, Order, Orders, ValidationFailed, parse_order
 
-__all__ = ["Order", "OrderFlow", "Runner", "ValidationFailed", "create_app", "parse_order"]
+__all__ = ["Order", "Orders", "ValidationFailed", "create_app", "parse_order"]
 
 
 def _wants_html() -> bool:
     return request.path == "/" or request.path.startswith(("/ui/", "/static/"))
 
 
-def create_app(sw: Sagaworker | None = None, *, flow: OrderFlow | None = None,
-               step_timeout: float = 300.0) -> Flask:
+def create_app(sw: Sagaworker | None = None, *, flow: Callable[..., Any] | str | None = None,
+               deadline: float | None = None) -> Flask:
     """The app. ``sw`` defaults to the example's ``tasks.sw`` and ``flow`` to its order
-    saga; ``step_timeout`` bounds each step's wait (an approval included)."""
+    flow (``tasks.orders.place_order``): ``POST /orders`` starts it with ``sw.start`` and
+    returns, and the workers carry it. ``deadline`` (seconds) bounds each order's saga."""
     if sw is None:
         import tasks
 
@@ -35,7 +37,7 @@ def create_app(sw: Sagaworker | None = None, *, flow: OrderFlow | None = None,
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["sagaworker"] = sw
-    app.extensions["sagaworker_runner"] = Runner(sw, flow or default_flow, step_timeout)
+    app.extensions["sagaworker_orders"] = Orders(sw, flow or DEFAULT_FLOW, deadline)
     app.register_blueprint(api.bp)
     app.register_blueprint(dashboard.bp)
     dashboard.register_filters(app)

@@ -15,7 +15,8 @@ from sagaworker import (
     SagaStatus,
 )
 
-from .orders import Runner, ValidationFailed, parse_order, saga_id_for
+from .orders import Orders, ValidationFailed, parse_order, saga_id_for
+from .queries import idle_sagas
 from .serialize import approval_json, saga_json
 
 __all__ = ["bp", "state"]
@@ -25,9 +26,9 @@ bp = Blueprint("api", __name__)
 Reply = tuple[Response, int]
 
 
-def state() -> Runner:
-    runner: Runner = current_app.extensions["sagaworker_runner"]
-    return runner
+def state() -> Orders:
+    orders: Orders = current_app.extensions["sagaworker_orders"]
+    return orders
 
 
 def _error(status: int, message: str, **extra: Any) -> Reply:
@@ -52,9 +53,8 @@ def _invalid(exc: ValidationFailed) -> Reply:
 @bp.post("/orders")
 def post_order() -> Reply:
     order = parse_order(_json_body())
-    runner = state()
     try:
-        saga_id = runner.start(order)
+        saga_id = state().start(order)  # journaled and handed to the workers: returns at once
     except SagaExists as exc:
         return _error(409, str(exc), saga_id=saga_id_for(order.order_id))
     resp = jsonify({"saga_id": saga_id, "status": SagaStatus.RUNNING.value,
@@ -71,8 +71,14 @@ def list_sagas() -> Reply:
     raw_limit = request.args.get("limit", "100")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
         raise ValidationFailed({"limit": "must be an integer between 1 and 1000"})
+    idle = request.args.get("idle", "")
+    if idle not in ("", "0", "1", "true", "false"):
+        raise ValidationFailed({"idle": "must be true or false"})
     sw = state().sw
-    recs = sw.sagas(status=status, limit=int(raw_limit))
+    if idle in ("1", "true"):  # the sweeper reported them idle (saga_idle): abort or complete
+        recs = idle_sagas(sw, int(raw_limit))
+    else:
+        recs = sw.sagas(status=status, limit=int(raw_limit))
     red = Redaction.of(sw)
     return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
 

@@ -21,6 +21,7 @@ from sagaworker import (
 )
 
 from .api import state
+from .queries import idle_sagas, waiting_step
 
 __all__ = ["Attention", "TimelineUndo", "bp", "register_filters"]
 
@@ -74,8 +75,9 @@ def index() -> str:
         approvals = [red.approval(a) for a in sw.pending_approvals()]
     except ConfigurationError:
         approvals = None  # no approval secret configured here
+    idle = [red.record(r) for r in idle_sagas(sw)]
     return render_template("index.html", sagas=listed, status=status, statuses=STATUSES,
-                           counts=counts, scanned=len(recent),
+                           counts=counts, scanned=len(recent), idle=idle,
                            attention=attention(recent, dirty), approvals=approvals)
 
 
@@ -89,7 +91,7 @@ def saga_page(saga_id: str) -> str:
     by_seq = {e.seq: e for e in rec.entries}
     undos = [TimelineUndo(i, o, by_seq.get(o.seq))
              for i, o in enumerate(rec.report.outcomes, start=1)]
-    return render_template("saga.html", rec=rec, undos=undos)
+    return render_template("saga.html", rec=rec, undos=undos, waiting=waiting_step(rec))
 
 
 def _short_tool(name: str) -> str:
@@ -116,8 +118,13 @@ def _js(v: Any) -> str:
     return json.dumps(v, default=str, ensure_ascii=False)
 
 
-def _args(e: EntryRecord) -> str:
-    parts = [_js(a) for a in e.args] + [f"{k}={_js(v)}" for k, v in e.kwargs.items()]
+def _args(e: EntryRecord | SagaRecord) -> str:
+    """A step's arguments, or a flow saga's (``name=value`` for keywords)."""
+    if isinstance(e, SagaRecord):
+        args, kwargs = e.flow_args or [], e.flow_kwargs or {}
+    else:
+        args, kwargs = e.args, e.kwargs
+    parts = [_js(a) for a in args] + [f"{k}={_js(v)}" for k, v in kwargs.items()]
     return ", ".join(parts)
 
 

@@ -1,33 +1,25 @@
-"""The order endpoint's two halves: strict validation of the body, and the background driver.
+"""The order endpoint's two halves: strict validation of the body, and starting the flow.
 
-``POST /orders`` journals the saga (``sw.begin``) in the request, so a taken id is a 409
-at once, and hands the rest of the order saga to a thread that runs it the way
-``sw.saga`` does: each step enqueued and awaited, ``fail`` on any error, ``complete``
-at the end. The journal is the state: ``GET /sagas/<id>`` reads it from any process.
+``POST /orders`` journals the order as a durable flow (``sw.start``) and returns: the
+workers carry it forward from the journal, so no thread of the web process drives a saga,
+and a deploy or a crash of the web app loses nothing. A taken id is a 409 at once. The
+journal is the state: ``GET /sagas/<id>`` reads it from any process.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import structlog
+from sagaworker import Sagaworker
 
-from sagaworker import Sagaworker, SagaworkerError, SyncSaga
+__all__ = ["DEFAULT_FLOW", "Order", "Orders", "ValidationFailed", "parse_order",
+           "saga_id_for"]
 
-if TYPE_CHECKING:  # the handles sw.begin() gives; only their public methods are used
-    from sagaworker import Saga
-
-__all__ = ["Order", "OrderFlow", "Runner", "ValidationFailed",
-           "default_flow", "parse_order", "saga_id_for"]
-
-log = structlog.get_logger("sagaworker.web")
-
-#: ``flow(order)`` gives the work function, called with a :class:`sagaworker.SyncSaga`
-OrderFlow = Callable[["Order"], Callable[[Any], Any]]
+#: the example's order flow, by its registered name (``tasks.orders.place_order``)
+DEFAULT_FLOW = "tasks.orders.place_order"
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FIELDS = ("order_id", "sku", "quantity", "card", "amount_cents")
@@ -111,55 +103,20 @@ def parse_order(body: Any) -> Order:
     return order
 
 
-def default_flow(order: Order) -> Callable[[Any], Any]:
-    """The example's order saga: reserve -> quote shipping -> charge -> dispatch (gated)."""
-    from tasks.orders import order_work
-
-    return order_work(order.order_id, order.sku, order.quantity, order.card,  # type: ignore[no-any-return]
-                      order.amount_cents)
-
-
-@dataclass
-class Runner:
-    """Starts order sagas and drives each in its own thread."""
+@dataclass(frozen=True)
+class Orders:
+    """Starts order flows: ``flow`` is a registered flow (the function or its name) called
+    as ``flow(s, order_id, sku, quantity, card, amount_cents)``."""
 
     sw: Sagaworker
-    flow: OrderFlow = default_flow
-    step_timeout: float = 300.0
-    threads: dict[str, threading.Thread] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    flow: Callable[..., Any] | str = DEFAULT_FLOW
+    deadline: float | None = None
 
     def start(self, order: Order) -> str:
-        """Journal the saga (SagaExists when taken) and drive it in the background."""
-        work = self.flow(order)
-        saga = self.sw.begin(saga_id_for(order.order_id), metadata=order.metadata)
-        t = threading.Thread(target=self.drive, args=(saga, work), daemon=True,
-                             name=f"saga:{saga.saga_id}")
-        with self._lock:
-            self.threads = {k: v for k, v in self.threads.items() if v.is_alive()}
-            self.threads[saga.saga_id] = t
-        t.start()
+        """Journal the order's flow saga (SagaExists when the id is taken) and return: the
+        workers run it."""
+        saga = self.sw.start(saga_id_for(order.order_id), self.flow,  # type: ignore[arg-type]
+                             order.order_id, order.sku, order.quantity, order.card,
+                             order.amount_cents, metadata=order.metadata,
+                             deadline=self.deadline)
         return saga.saga_id
-
-    def drive(self, saga: Saga, work: Callable[[Any], Any]) -> None:
-        """Run ``work`` like ``sw.saga`` does: any error fails the saga, which compensates."""
-        with structlog.contextvars.bound_contextvars(saga_id=saga.saga_id):
-            try:
-                try:
-                    work(SyncSaga(saga, self.step_timeout))
-                except Exception as exc:
-                    saga.fail(f"{type(exc).__name__}: {exc}")
-                    return
-                try:
-                    saga.complete()
-                except SagaworkerError as exc:  # a step FAILED even though work carried on
-                    saga.fail(str(exc))
-            except Exception:
-                log.exception("order_saga_driver_crashed")
-
-    def join(self, timeout: float = 30.0) -> None:
-        """Wait for every running driver (tests, and a graceful shutdown)."""
-        with self._lock:
-            threads = list(self.threads.values())
-        for t in threads:
-            t.join(timeout)

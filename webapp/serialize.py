@@ -7,6 +7,8 @@ from typing import Any
 
 from sagaworker import ApprovalRequest, Redaction, SagaRecord, plain
 
+from .queries import waiting_step
+
 __all__ = ["approval_json", "plain", "saga_json"]
 
 
@@ -16,6 +18,10 @@ def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, 
     d: dict[str, Any] = plain(rec)
     d["terminal"] = rec.status.terminal
     d["dirty"] = bool(rec.report.dirty)
+    step = waiting_step(rec)
+    # the step the saga waits on (a flow's next step, a gate), as `sagaworker show --json`
+    d["waiting_on"] = None if step is None else {
+        "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
     return d
 
 

@@ -226,7 +226,7 @@ def test_api_and_dashboard_are_redacted(red_sw: Sagaworker) -> None:
 
     charge = charge_of(red_sw)
     red_sw.saga("o-7", lambda s: s.call(charge, SECRET, 1), timeout=20)
-    app = create_app(red_sw, flow=lambda order: lambda s: None, step_timeout=0.3)
+    app = create_app(red_sw)
     app.testing = True
     client = app.test_client()
     for url in ("/sagas/o-7", "/sagas", "/", "/ui/sagas/o-7"):

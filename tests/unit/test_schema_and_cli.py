@@ -70,7 +70,7 @@ def test_cli_read_commands_and_exit_codes(tmp_path: Path, monkeypatch: object) -
 
 def test_console_script_help(tmp_path: Path) -> None:
     """Every command documented in the SPEC answers --help."""
-    for cmd in ([], ["demo"], ["worker"], ["show"], ["list"], ["orphans"], ["approvals"],
+    for cmd in ([], ["demo"], ["worker"], ["show"], ["list"], ["orphans"], ["approvals"], ["abort"],
                 ["approve"], ["reject"], ["retry-compensation"], ["db", "upgrade"]):
         r = CliRunner().invoke(main, [*cmd, "--help"])
         assert r.exit_code == 0, (cmd, r.output)
@@ -81,6 +81,20 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["db", "upgrade", "--database-url",
                                   f"sqlite:///{tmp_path / 'u.db'}"])
     assert r.exit_code == 0 and "up to date" in r.output
+
+
+def test_db_upgrade_creates_the_examples_own_tables(tmp_path: Path) -> None:
+    """The release step creates the example's tables (``sw.on_upgrade``), so no tool call
+    creates them lazily; it is idempotent."""
+    env = _bare_env(tmp_path)
+    url = f"sqlite:///{tmp_path / 'rel.db'}"
+    for _ in range(2):
+        r = _cli(["-A", "tasks", "--database-url", url, "db", "upgrade"], tmp_path, env)
+        assert r.returncode == 0, r.stderr
+    engine = create_engine(url)
+    assert {"example_holds", "example_charges", "example_shipments",
+            *metadata.tables} <= set(inspect(engine).get_table_names())
+    engine.dispose()
 
 
 def _app_module(folder: Path, name: str, database_url: str) -> None:
@@ -149,3 +163,43 @@ def test_db_upgrade_without_an_app_is_a_usage_error(tmp_path: Path) -> None:
     for hint in ("no_such_app_module", "-A", "SAGAWORKER_APP", "--database-url"):
         assert hint in r.stderr, r.stderr
     assert not (tmp_path / "sagaworker.db").exists()
+
+
+def test_show_a_flow_and_abort_it(tmp_path: Path) -> None:
+    """`show` (table and --json) gives a flow's name, its arguments (redacted by name), the
+    step it waits on and its deadline; `abort` fails it (the actor defaults to the login
+    name), exit 1 for an unknown or finished saga, 2 for bad usage."""
+    import getpass
+
+    env = {**_env(tmp_path), "SAGAWORKER_APPROVAL_SECRET": "x" * 40}
+    code = ("from tasks import sw, place_order\n"
+            "sw.create_schema()\n"
+            "sw.start('flow-1', place_order, '1', 'sku-1', 1, 'card-secret-99', 100,\n"
+            "         deadline=3600)\n"
+            "sw.flows.advance('flow-1')  # what a worker does: the first step is journaled\n"
+            "s = sw.begin('done-1'); s.complete()\n")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    r = _cli(["show", "flow-1", "--json"], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["flow"] == "tasks.orders.place_order"
+    assert d["flow_args"] == ["1", "sku-1", 1, "[REDACTED]", 100] and d["flow_kwargs"] == {}
+    assert d["deadline_at"] and d["status"] == "RUNNING"
+    assert d["waiting_on"] == {"seq": 1, "tool_name": "tasks.inventory.reserve_inventory",
+                               "phase": "INTENT"}
+    r = _cli(["show", "flow-1"], tmp_path, env)
+    out = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "card-secret-99" not in r.stdout, r.stdout
+    assert 'flow: tasks.orders.place_order("1", "sku-1", 1, "[REDACTED]", 100)' in out
+    assert "waiting on: step 1 reserve_inventory (INTENT" in out and "deadline: " in out
+
+    assert CliRunner().invoke(main, ["abort", "flow-1"]).exit_code == 2  # --reason required
+    assert CliRunner().invoke(main, ["abort", "flow-1", "--reason", " "]).exit_code == 2
+    r = _cli(["abort", "nope", "--reason", "x"], tmp_path, env)
+    assert r.returncode == 1 and "no saga" in r.stderr
+    r = _cli(["abort", "done-1", "--reason", "x"], tmp_path, env)
+    assert r.returncode == 1 and "COMPLETED" in r.stderr
+    r = _cli(["abort", "flow-1", "--reason", "customer left"], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(_cli(["show", "flow-1", "--json"], tmp_path, env).stdout)
+    assert d["reason"] == f"aborted by {getpass.getuser()}: customer left"

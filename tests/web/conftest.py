@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,11 +30,10 @@ def tools(journal: tuple[Sagaworker, Tools]) -> Tools:
 
 
 @pytest.fixture
-def app(sw: Sagaworker, tools: Tools) -> Iterator[Flask]:
-    app = create_app(sw, flow=order_flow(tools), step_timeout=0.3)
+def app(sw: Sagaworker) -> Flask:
+    app = create_app(sw, flow=order_flow)
     app.testing = True
-    yield app
-    app.extensions["sagaworker_runner"].join(10)
+    return app
 
 
 @pytest.fixture

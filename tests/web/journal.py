@@ -3,7 +3,6 @@ directly (through the journal's transitions) so no Celery worker is needed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import update
 
-from sagaworker import CompensationContext, Reversibility, Sagaworker, Settings
+from sagaworker import CompensationContext, FlowContext, Reversibility, Sagaworker, Settings
 from sagaworker._journal import now
 from sagaworker._schema import entries
 
@@ -72,21 +71,20 @@ def make_sw(db: Path, *, eager: bool = False) -> tuple[Sagaworker, Tools]:
     def dispatch(order_id: str) -> str:
         return f"ship-{order_id}"
 
+    sw.flow()(order_flow)
     sw.validate()
     return sw, Tools(reserve, quote, charge, dispatch)
 
 
-def order_flow(tools: Tools) -> Callable[[Any], Callable[[Any], Any]]:
-    """The webapp's ``flow`` over the test tools (same shape as tasks.orders.order_work)."""
-    def flow(order: Any) -> Callable[[Any], Any]:
-        def work(s: Any) -> dict[str, Any]:
-            hold = s.call(tools.reserve, order.sku, order.quantity)
-            shipping = s.call(tools.quote, "10115")
-            charge = s.call(tools.charge, order.card, order.amount_cents + shipping)
-            return {"hold": hold, "charge": charge, "shipment": s.call(tools.dispatch,
-                                                                          order.order_id)}
-        return work
-    return flow
+def order_flow(s: FlowContext, order_id: str, sku: str, quantity: int, card: str,
+               amount_cents: int) -> dict[str, Any]:
+    """The webapp's order flow over the test tools (the shape of tasks.orders.place_order),
+    registered on every test Sagaworker by ``make_sw``."""
+    hold = s.call(f"{__name__}.reserve", sku, quantity)
+    shipping = s.call(f"{__name__}.quote", "10115")
+    charge = s.call(f"{__name__}.charge", card, amount_cents + shipping)
+    return {"hold": hold, "charge": charge,
+            "shipment": s.call(f"{__name__}.dispatch", order_id)}
 
 
 # -- writing journal state by hand ----------------------------------------------------------

@@ -87,39 +87,44 @@ def test_taken_order_id_is_409(client: FlaskClient) -> None:
     assert "already exists" in resp.get_json()["error"]
 
 
-def test_background_saga_runs_to_the_approval_gate_and_completes(tmp_path: Path) -> None:
-    """With tasks run inline the posted order runs its steps, waits at the gate, and an
-    approval through the API completes it."""
-    sw, tools = make_sw(tmp_path / "eager.db", eager=True)
-    app = create_app(sw, flow=order_flow(tools), step_timeout=20)
-    client = app.test_client()
-    assert client.post("/orders", json=GOOD).status_code == 202
-    import time
+def test_order_starts_a_flow_and_no_thread(client: FlaskClient, sw: Sagaworker) -> None:
+    """POST /orders journals a flow saga (its name and arguments) and returns: no thread of
+    the web process is left driving it."""
+    import threading
 
-    deadline = time.monotonic() + 20
-    pending: list[dict[str, Any]] = []
-    while time.monotonic() < deadline and not pending:
-        pending = client.get("/approvals").get_json()["approvals"]
-        time.sleep(0.05)
+    before = set(threading.enumerate())
+    assert client.post("/orders", json=GOOD).status_code == 202
+    rec = sw.inspect("order-1001")
+    assert rec.flow == "tests.web.journal.order_flow"
+    assert rec.flow_args == ["1001", "sku-42", 2, "card-4242", 3000]
+    assert rec.status is SagaStatus.RUNNING and rec.entries == []  # the workers' job
+    assert set(threading.enumerate()) <= before
+
+
+def test_flow_runs_to_the_approval_gate_and_completes(tmp_path: Path) -> None:
+    """With tasks run inline the posted order's flow runs its steps and stops at the gate
+    (the POST has returned); an approval through the API moves it on to COMPLETED."""
+    sw, _ = make_sw(tmp_path / "eager.db", eager=True)
+    client = create_app(sw, flow=order_flow).test_client()
+    assert client.post("/orders", json=GOOD).status_code == 202
+    pending = client.get("/approvals").get_json()["approvals"]
     assert [p["tool_name"].rsplit(".", 1)[-1] for p in pending] == ["dispatch"]
     assert pending[0]["args"] == ["1001"]
     resp = client.post("/approvals/approve", json={"token": pending[0]["token"],
                                                    "approver": "alice"})
     assert resp.status_code == 200 and resp.get_json()["decision"] == "approved"
-    app.extensions["sagaworker_runner"].join(20)
     rec = client.get("/sagas/order-1001").get_json()
     assert rec["status"] == "COMPLETED"
     assert [e["phase"] for e in rec["entries"]] == ["EXECUTED"] * 4
     assert rec["entries"][3]["approved_by"] == "alice"
 
 
-def test_background_saga_compensates_when_a_step_fails(tmp_path: Path) -> None:
-    """A declined card fails the posted saga, which compensates in reverse."""
-    sw, tools = make_sw(tmp_path / "eager.db", eager=True)
-    app = create_app(sw, flow=order_flow(tools), step_timeout=20)
+def test_flow_compensates_when_a_step_fails(tmp_path: Path) -> None:
+    """A declined card fails the posted flow, which compensates in reverse."""
+    sw, _ = make_sw(tmp_path / "eager.db", eager=True)
+    app = create_app(sw, flow=order_flow)
     resp = app.test_client().post("/orders", json={**GOOD, "card": "declined-1"})
     assert resp.status_code == 202
-    app.extensions["sagaworker_runner"].join(20)
     rec = sw.inspect("order-1001")
     assert rec.status is SagaStatus.COMPENSATED
     assert [(o.seq, o.result.value) for o in rec.report.outcomes] == [

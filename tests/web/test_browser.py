@@ -44,7 +44,7 @@ def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
     compensated(sw, tools, "order-1005", in_doubt=True)
     compensated(sw, tools, "order-1006", card="stuck-4242")
     completed(sw, tools, "order-1007")
-    server = make_server("127.0.0.1", 0, create_app(sw, flow=order_flow(tools)), threaded=True)
+    server = make_server("127.0.0.1", 0, create_app(sw, flow=order_flow), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

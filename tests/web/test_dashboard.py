@@ -19,7 +19,8 @@ def _html(client: FlaskClient, url: str, status: int = 200) -> str:
 
 
 def _section(html: str, start: str, end: str) -> str:
-    return html[html.index(start):html.index(end)]
+    i = html.index(start)
+    return html[i:html.index(end, i)]
 
 
 def test_index_lists_sagas_newest_first(client: FlaskClient, sw: Sagaworker,
@@ -142,3 +143,71 @@ def test_user_text_is_escaped(client: FlaskClient, sw: Sagaworker, tools: Tools)
     html = _html(client, "/ui/sagas/order-<b>x</b>")
     assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
     assert "order-&lt;b&gt;x&lt;/b&gt;" in _html(client, "/")
+
+
+def _idle(sw: Sagaworker, tools: Tools, saga_id: str) -> None:
+    """An asynchronous saga whose producer went away after one step: nothing written for
+    two hours, then the sweeper's pass reports it (saga_idle)."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from sagaworker._journal import now
+    from sagaworker._schema import entries, sagas
+
+    from .journal import run_step
+
+    sw.begin(saga_id).enqueue(tools.reserve, "sku-1", 1)
+    run_step(sw, saga_id, 1, "hold-1")
+    old = now() - timedelta(hours=2)
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=old))
+        conn.execute(update(entries).where(entries.c.saga_id == saga_id)
+                     .values(updated_at=old))
+    assert sw.sweeper.sweep()["idle"] == 1
+
+
+def test_idle_sagas_are_pinned_with_the_abort_command(client: FlaskClient, sw: Sagaworker,
+                                                      tools: Tools) -> None:
+    """A RUNNING asynchronous saga the sweeper reported idle is pinned at the top of the
+    dashboard with the command that aborts it, and listed by GET /sagas?idle=1; a saga
+    that is merely running is not, and one written to since the report drops out."""
+    running(sw, tools, "order-busy")
+    _idle(sw, tools, "order-idle")
+    html = _html(client, "/")
+    pinned = _section(html, "Needs attention", 'id="sagas"')
+    assert 'data-kind="idle" data-saga="order-idle"' in pinned
+    assert "sagaworker abort order-idle --reason" in pinned
+    assert "order-busy" not in pinned and "No dirty" not in pinned
+    assert html.index('data-saga="order-idle"') < html.index('id="sagas"')
+    assert [s["saga_id"] for s in client.get("/sagas?idle=1").get_json()["sagas"]] == [
+        "order-idle"]
+    assert client.get("/sagas?idle=maybe").status_code == 422
+    sw.get("order-idle").enqueue(tools.quote, "10115")  # its producer came back
+    assert 'data-kind="idle"' not in _html(client, "/")
+    assert client.get("/sagas?idle=true").get_json()["sagas"] == []
+
+
+def test_flow_saga_page_shows_the_flow_and_where_it_waits(client: FlaskClient,
+                                                          sw: Sagaworker) -> None:
+    """A flow saga's page and JSON give the flow's name, its arguments (redacted by name),
+    the step it waits on and its deadline."""
+    from .journal import order_flow
+
+    sw.settings = sw.settings.model_copy(update={"redact": "card"})
+    sw.start("order-f1", order_flow, "f1", "sku-5", 3, "card-0000-1111", 2500, deadline=600)
+    sw.flows.advance("order-f1")  # a worker's replay: the first step is journaled
+    page = _html(client, "/ui/sagas/order-f1")
+    assert "card-0000-1111" not in page
+    flow = _section(page, 'id="flow"', "</div>")
+    assert "tests.web.journal.order_flow" in flow
+    assert "&#34;f1&#34;, &#34;sku-5&#34;, 3, &#34;[REDACTED]&#34;, 2500" in flow
+    waiting = _section(page, 'id="waiting"', "</div>")
+    assert "#1 reserve" in waiting and "ph-intent" in waiting
+    assert "deadline" in _section(page, 'id="deadline"', "</div>")
+    d = client.get("/sagas/order-f1").get_json()
+    assert d["flow"] == "tests.web.journal.order_flow" and d["deadline_at"]
+    assert d["flow_args"] == ["f1", "sku-5", 3, "[REDACTED]", 2500]
+    assert d["waiting_on"] == {"seq": 1, "tool_name": "tests.web.journal.reserve",
+                               "phase": "INTENT"}
+    assert "card-0000-1111" not in client.get("/sagas").get_data(as_text=True)
