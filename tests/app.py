@@ -139,7 +139,13 @@ def catches_failure(s: FlowContext, key: str) -> str:
     return "caught"
 
 
-FLOWS = (three_steps, fan_out, gated_flow, catches_failure)
+def load_flow(s: FlowContext, key: str, fail: bool = False, sleep: float = 0.0) -> list[str]:
+    """The fault suite's flow: three steps one after the other, the last failing on demand."""
+    return [s.call("tests.app.step", key, f"s{n}", sleep=sleep, fail=fail and n == 3)
+            for n in (1, 2, 3)]
+
+
+FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:

@@ -13,6 +13,7 @@ journaled attempt number: two tries under one claim would mean two ran at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -68,9 +69,29 @@ def retry(fn: Callable[[], Any], seconds: float = 90) -> Any:
             time.sleep(0.5)
 
 
+def drive_flow(c: Cluster, saga_id: str, index: int) -> None:
+    """One flow saga, started and left to the workers: a quarter fail in their last step,
+    a quarter are aborted by an operator while they run."""
+    from tests.app import load_flow
+
+    mode = index % 4
+    saga = retry(lambda: c.sw.start(saga_id, load_flow, saga_id, fail=mode == 0,
+                                    sleep=STEP_SLEEP))
+    if mode == 1:
+        time.sleep(random.uniform(0.05, 0.5))
+        with contextlib.suppress(SagaworkerError):  # it finished first: nothing to abort
+            retry(lambda: c.sw.abort(saga_id, reason="customer cancelled", actor="load"))
+    # nobody needs to wait; the load does, so the faults land while flows run
+    with contextlib.suppress(TimeoutError):
+        retry(lambda: saga.wait(timeout=150))
+
+
 def drive(c: Cluster, saga_id: str, index: int, *, duplicate_deliveries: bool = False,
-          duplicate_failures: int = 1) -> None:
+          duplicate_failures: int = 1, flows: bool = False) -> None:
     """One saga: three sequential steps; a quarter fail in a tool, a quarter are cancelled."""
+    if flows:
+        drive_flow(c, saga_id, index)
+        return
     step = c.sw.registry.tool("tests.app.step").task
     saga = retry(lambda: c.sw.begin(saga_id))
     mode = index % 4

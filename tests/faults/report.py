@@ -20,6 +20,7 @@ DESCRIPTION = {
     "compensation-worker-kill": "the -Q sagaworker worker SIGKILLed 3x mid-chain",
     "duplicate-failures": "10 saga-failure messages per failing saga",
     "duplicate-deliveries": "every tool message published 3 times",
+    "flow-worker-sigkill": "flows left to the workers; whole worker SIGKILLed 3x, restarted",
 }
 
 

@@ -76,6 +76,17 @@ def test_worker_sigkilled_repeatedly(fault_cluster: Cluster) -> None:
     assert_clean(f)
 
 
+@pytest.mark.parametrize("fault_cluster", ["rabbitmq", "redis"] if os.environ.get(
+    "FAULT_SCALE") == "large" else ["rabbitmq"], indirect=True)  # make test: one broker
+def test_flows_survive_worker_sigkills(fault_cluster: Cluster) -> None:
+    """Flows started and left to the workers, whose whole worker is SIGKILLed 3 times and
+    restarted mid-load: every saga terminal, no effect lost or run twice, no undo twice."""
+    f = run_load(fault_cluster, "flow-worker-sigkill", flows=True,
+                 inject=lambda stop: every(stop, 3.0, 3, lambda: restart_worker(fault_cluster)))
+    assert f.faults >= 1
+    assert_clean(f)
+
+
 @pytest.mark.parametrize("fault_cluster", ["rabbitmq"], indirect=True)
 def test_pool_child_sigkilled_mid_tool(fault_cluster: Cluster) -> None:
     """Pool children SIGKILLed while running tools: in doubt at worst, never twice."""
