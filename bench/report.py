@@ -49,7 +49,7 @@ def render(r: dict[str, Any]) -> str:
                    f"{sg['sagas_per_round']} sagas a round)\n")
         out.append(_table(["system", "sagas/s", "p50 ms", "p99 ms"], rows))
         for k, val in sg.items():
-            if k.startswith("throughput_ratio"):
+            if k.startswith(("throughput_ratio", "flow_ratio")):
                 out.append(f"\n{k}: {_f(val, 2)}")
     if "dbos_error" in r:
         out.append(f"\nDBOS could not run: {r['dbos_error']}")

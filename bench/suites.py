@@ -243,16 +243,31 @@ def saga_round_sagaworker(b: Bench, m: int, threads: int) -> dict[str, float]:
     return _run_clients(saga3, m, threads)
 
 
+def saga_round_flow(b: Bench, m: int, threads: int) -> dict[str, float]:
+    """3-step flows: started, then waited for (a client that chooses to wait)."""
+    from bench.apps import bench_flow
+
+    sw = b.systems["sagaworker"].sw
+    key = b.tag("flow3")
+
+    def flow3(i: int) -> None:
+        res = sw.start(f"{key}-{i}", bench_flow, key).wait(timeout=60)
+        assert res.status.value == "COMPLETED", res
+
+    return _run_clients(flow3, m, threads)
+
+
 def _ignore_index(fn: Callable[[str], Any], key: str, _i: int) -> None:
     fn(key)
 
 
 def saga_latency(b: Bench, m: int, threads: int, rounds: int,
                  dbos_mod: Any) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, float]]] = {"sagaworker": []}
+    runs: dict[str, list[dict[str, float]]] = {"sagaworker": [], "flow": []}
     if dbos_mod is not None:
         runs["dbos_direct"], runs["dbos_queue"] = [], []
     saga_round_sagaworker(b, max(4, m // 10), threads)  # warm-up
+    saga_round_flow(b, max(4, m // 10), threads)
     if dbos_mod is not None:
         for fn in (dbos_mod.run_direct, dbos_mod.run_queued):
             _run_clients(partial(_ignore_index, fn, "warm"), 4, threads)
@@ -260,6 +275,7 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
     for _ in range(rounds):
         runs["sagaworker"].append(retried(lambda: saga_round_sagaworker(b, m, threads),
                                           "saga sagaworker"))
+        runs["flow"].append(retried(lambda: saga_round_flow(b, m, threads), "saga flow"))
         if dbos_mod is not None:
             runs["dbos_direct"].append(_run_clients(lambda i: dbos_mod.run_direct(key), m,
                                                     threads))
@@ -275,6 +291,12 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
             out[f"throughput_ratio_vs_{base}"] = median(
                 [s["sagas_per_s"] / d["sagas_per_s"]
                  for s, d in zip(runs["sagaworker"], runs[base], strict=True)])
+            out[f"flow_ratio_vs_{base}"] = median(
+                [s["sagas_per_s"] / d["sagas_per_s"]
+                 for s, d in zip(runs["flow"], runs[base], strict=True)])
+    out["flow_ratio_vs_sync"] = median(
+        [f["sagas_per_s"] / s["sagas_per_s"]
+         for f, s in zip(runs["flow"], runs["sagaworker"], strict=True)])
     return out
 
 

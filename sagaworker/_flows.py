@@ -209,7 +209,7 @@ class Flows:
 
     def _advance(self, saga_id: str) -> None:
         j = self.rt.journal
-        saga = j.saga_row(saga_id)
+        saga, rows = j.saga_and_entries(saga_id)
         if saga is None or saga.flow is None:
             return
         if SagaStatus(saga.status) not in OPEN or saga.fail_requested_at is not None:
@@ -219,13 +219,16 @@ class Flows:
             log.error("flow_unknown", flow=saga.flow,
                       detail="this worker does not know the flow; the sweeper sends it again")
             return
-        rows = j.entries_of(saga_id)
-        j.mark_advanced(saga_id)
         ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, self.producer)
         try:
             value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
         except _Suspend:
-            self._journal_new(saga_id, ctx, len(rows), saga.last_seq)
+            # journaling the next steps also stamps advanced_at (one transaction); a replay
+            # that only waits on a running step or a gate stamps it alone
+            if ctx.new:
+                self._journal_new(saga_id, ctx, len(rows), saga.last_seq)
+            else:
+                j.mark_advanced(saga_id)
             return
         except _Diverged as exc:
             self._fail(saga_id, exc.detail, event="flow_diverged")
@@ -253,6 +256,7 @@ class Flows:
             self._fail(saga_id, str(exc))
             return
         if any(Phase(r.phase) in (Phase.INTENT, Phase.AWAITING_APPROVAL) for r in rows):
+            j.mark_advanced(saga_id)
             return  # an enqueued step still runs: its outcome advances the flow again
         try:
             self.rt.machine.complete(saga_id, result=value)

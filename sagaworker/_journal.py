@@ -198,6 +198,8 @@ class Journal:
                     return [int(seq)]
                 self._refuse_enqueue(conn, saga_id)
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
+            if expect_seq is not None:  # a flow's replay journals its next steps
+                values["advanced_at"] = t
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
             guard = [] if expect_seq is None else [sagas.c.last_seq == expect_seq]
@@ -238,10 +240,14 @@ class Journal:
         with self.engine.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
 
-    def entries_of(self, saga_id: str) -> list[Any]:
+    def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
+        """One read: the saga row and its entries in seq order."""
         with self.engine.connect() as conn:
-            return list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
-                                     .order_by(entries.c.seq)).all())
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                return None, []
+            return saga, list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                           .order_by(entries.c.seq)).all())
 
     def mark_advanced(self, saga_id: str) -> None:
         """A flow was replayed (the sweeper re-sends only advances that were lost)."""

@@ -210,7 +210,7 @@ def replay_problem(sw: Sagaworker, saga_id: str) -> str | None:
     spec = sw.flows.specs.get(saga.flow)
     if spec is None:
         return f"flow {saga.flow!r} is not registered on this Sagaworker"
-    rows = sw.journal.entries_of(saga_id)
+    rows = sw.journal.saga_and_entries(saga_id)[1]
     seen: list[Any] = []
     for _ in range(2):
         ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, sw.producer)
