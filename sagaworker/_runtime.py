@@ -77,6 +77,13 @@ class Runtime:
             self._engine, self._journal = journal.engine, journal
             self._machine = Machine(journal, self.settings)
 
+    def reset_engine(self) -> None:
+        """Forget the journal's engine: the next use makes one from the settings."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+            self._engine = self._journal = self._machine = None
+
     def dispose_engine(self) -> None:
         """After a fork: never share the parent's pooled connections."""
         if self._engine is not None:

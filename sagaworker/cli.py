@@ -47,9 +47,7 @@ def use_database(sw: Any, database_url: str) -> None:
     if database_url == sw.settings.database_url:
         return
     sw.settings = sw.settings.model_copy(update={"database_url": database_url})
-    if getattr(sw, "_engine", None) is not None:  # the app module already used the journal
-        sw._engine.dispose()
-        sw._engine = None
+    sw.rt.reset_engine()  # the app module may already have opened its own journal
 
 
 class Ctx:
