@@ -101,6 +101,13 @@ class Sagaworker:
         for hook in self.upgrade_hooks:
             hook(url)
 
+    def rotate_key(self, *, batch: int = 100) -> int:
+        """Re-encrypt the journal with the first of SAGAWORKER_ENCRYPTION_KEYS (what
+        `sagaworker db rotate-key` does); returns how many rows were rewritten."""
+        from ._rotate import rotate_keys
+
+        return rotate_keys(self.journal.engine, self.rt.cipher, batch=batch)
+
     def on_upgrade(self, fn: Callable[[str], None]) -> Callable[[str], None]:
         """Register ``fn(database_url)``, a schema step of the app's own (its tables): run
         after the journal's migrations by `sagaworker db upgrade` and ``create_schema()``,

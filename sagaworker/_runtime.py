@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from ._crypto import Cipher, attach, cipher_of
 from ._dialect import make_engine
 from ._journal import Journal
 from ._machine import Machine
@@ -37,6 +38,9 @@ class Runtime:
         self.settings = settings
         self.registry = registry
         self.bus = bus
+        #: SAGAWORKER_ENCRYPTION_KEYS (None: the journal is written in clear); attached to
+        #: this runtime's engine only, so several Sagaworkers in a process keep their keys
+        self.cipher: Cipher | None = cipher_of(settings.encryption_keys)
         self._engine: Any = None
         self._journal: Journal | None = None
         self._machine: Machine | None = None
@@ -48,6 +52,7 @@ class Runtime:
             with self._lock:
                 if self._journal is None:
                     self._engine = make_engine(self.settings.database_url)
+                    attach(self._engine, self.cipher)
                     journal = Journal(self._engine)
                     self._machine = Machine(journal, self.settings)
                     if self._engine.dialect.name == "sqlite":
@@ -66,6 +71,9 @@ class Runtime:
     def configure(self, settings: Settings) -> None:
         """New settings for every part (the machine reads its leases and caps from them)."""
         self.settings = settings
+        self.cipher = cipher_of(settings.encryption_keys)
+        if self._engine is not None:
+            attach(self._engine, self.cipher)
         if self._machine is not None:
             self._machine.settings = settings
 
@@ -74,7 +82,9 @@ class Runtime:
         with self._lock:
             if settings is not None:
                 self.settings = settings
+                self.cipher = cipher_of(settings.encryption_keys)
             self._engine, self._journal = journal.engine, journal
+            attach(self._engine, self.cipher)
             self._machine = Machine(journal, self.settings)
 
     def reset_engine(self) -> None:

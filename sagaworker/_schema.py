@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
-    JSON,
     Boolean,
     Column,
     DateTime,
@@ -16,14 +17,21 @@ from sqlalchemy import (
     Table,
     Text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+
+from ._crypto import SealedJSON
 
 __all__ = ["audit", "entries", "metadata", "sagas"]
 
 metadata = MetaData()
 
-_json = JSON().with_variant(JSONB(), "postgresql")
 _ts = DateTime(timezone=True)
+
+
+def _sealed(table: str, column: str, *, nullable: bool = True) -> Column[Any]:
+    """A JSON column of user data: encrypted at rest when SAGAWORKER_ENCRYPTION_KEYS is set
+    (``_crypto``); the same JSON/JSONB column in the database either way."""
+    return Column(column, SealedJSON(f"{table}.{column}"), nullable=nullable)
+
 
 sagas = Table(
     "sagaworker_sagas",
@@ -31,7 +39,7 @@ sagas = Table(
     Column("saga_id", String(200), primary_key=True),
     Column("status", String(32), nullable=False),
     Column("reason", Text),
-    Column("metadata", _json, nullable=False),
+    _sealed("sagaworker_sagas", "metadata", nullable=False),
     Column("created_at", _ts, nullable=False),
     Column("updated_at", _ts, nullable=False),
     # next seq to hand out; bumped in the enqueue transaction
@@ -56,10 +64,10 @@ sagas = Table(
     # flows and deadlines (SPEC 12)
     Column("deadline_at", _ts),
     Column("flow", String(300)),
-    Column("flow_args", _json),
-    Column("flow_kwargs", _json),
+    _sealed("sagaworker_sagas", "flow_args"),
+    _sealed("sagaworker_sagas", "flow_kwargs"),
     # a flow's journaled return value (SagaResult.value)
-    Column("result", _json),
+    _sealed("sagaworker_sagas", "result"),
     # the last time a worker advanced the flow (the sweeper re-sends a lost advance)
     Column("advanced_at", _ts),
     Column("idle_reported_at", _ts),
@@ -80,12 +88,12 @@ entries = Table(
     Column("seq", Integer, primary_key=True),
     Column("tool_name", String(300), nullable=False),
     Column("phase", String(32), nullable=False),
-    Column("args", _json, nullable=False),
-    Column("kwargs", _json, nullable=False),
+    _sealed("sagaworker_entries", "args", nullable=False),
+    _sealed("sagaworker_entries", "kwargs", nullable=False),
     Column("args_digest", String(64), nullable=False),
     Column("queue", String(200)),
     Column("task_id", String(64)),
-    Column("result", _json),
+    _sealed("sagaworker_entries", "result"),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, default=0),
     Column("created_at", _ts, nullable=False),

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     #: seconds before an undriven RUNNING saga of the asynchronous form is reported
     idle_after: float = Field(default=3600, gt=0)
     redact: str = ""
+    #: comma-separated Fernet keys: the journal's arguments, results and metadata are
+    #: encrypted with the first, decrypted with any (docs/encryption.md); None: clear
+    encryption_keys: SecretStr | None = None
     #: the queue of sagaworker's own work (failure handling, compensation, sweeps)
     queue: str = "sagaworker"
     #: largest JSON-encoded arguments a step may carry, in bytes
@@ -76,6 +79,18 @@ class Settings(BaseSettings):
                 f"SAGAWORKER_APPROVAL_SECRET is {len(raw.encode())} bytes; an approval secret "
                 f"needs at least {MIN_SECRET_BYTES} random bytes. Make one with: "
                 'python -c "import secrets; print(secrets.token_urlsafe(32))"')
+        return v
+
+    @field_validator("encryption_keys", mode="before")
+    @classmethod
+    def _keys(cls, v: Any) -> Any:
+        raw = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None  # unset: the journal is written in clear
+        if isinstance(raw, str):
+            from ._crypto import parse_keys
+
+            parse_keys(raw)  # ConfigurationError saying how to make a key
         return v
 
     @field_validator("log_level")

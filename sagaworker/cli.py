@@ -12,7 +12,7 @@ from typing import Any
 import click
 from kombu.exceptions import KombuError
 
-from ._errors import SagaNotFound, SagaworkerError
+from ._errors import ConfigurationError, SagaNotFound, SagaworkerError
 from ._redact import Redaction
 from ._render import console, redacted, render_saga, render_sagas, saga_json, to_json
 from ._settings import Settings
@@ -70,7 +70,19 @@ class Ctx:
 pass_ctx = click.make_pass_decorator(Ctx)
 
 
-@click.group()
+class Group(click.Group):
+    """A setting that cannot work (a key that does not decrypt the journal, say) is an
+    error line naming it and exit 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=Group)
 @click.option("-A", "--app", "app", default=None, help="module holding the Celery app and "
               "the Sagaworker (default: $SAGAWORKER_APP or 'tasks')")
 @click.option("--database-url", default=None, help="journal database to use instead of the "
@@ -268,6 +280,29 @@ def upgrade(c: Ctx, database_url: str | None) -> None:
         url = url or sw.settings.database_url
         sw.create_schema(url)  # the journal, then the app's own tables (sw.on_upgrade)
     click.echo(f"journal schema is up to date in {make_url(url).render_as_string()}")
+
+
+@db.command("rotate-key")
+@click.option("--database-url", default=None, help="the journal to re-encrypt (default: the "
+              "one the app's Sagaworker was given)")
+@click.option("--batch", type=click.IntRange(min=1), default=100, show_default=True,
+              help="sagas (with their entries) per transaction")
+@pass_ctx
+def rotate_key(c: Ctx, database_url: str | None, batch: int) -> None:
+    """Re-encrypt the journal with the first of SAGAWORKER_ENCRYPTION_KEYS.
+
+    Run it after putting a new key first (the old ones listed after it) on every process;
+    then the old keys can be dropped. Clear values (written before the keys were set) are
+    encrypted too; values already under the first key are left as they are.
+    """
+    sw = c.sw
+    if database_url:
+        use_database(sw, database_url)
+    try:
+        n = sw.rotate_key(batch=batch)
+    except SagaworkerError as exc:
+        refuse(str(exc))
+    click.echo(f"re-encrypted {n} rows with the first key of SAGAWORKER_ENCRYPTION_KEYS")
 
 
 @main.command()

@@ -81,6 +81,8 @@ def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str
         "SAGAWORKER_COMPENSATION_BACKOFF": str(settings.compensation_backoff),
         "SAGAWORKER_APPROVAL_SECRET": (settings.approval_secret.get_secret_value()
                                        if settings.approval_secret else ""),
+        "SAGAWORKER_ENCRYPTION_KEYS": (settings.encryption_keys.get_secret_value()
+                                       if settings.encryption_keys else ""),
         "SAGAWORKER_REDELIVER_AFTER": str(settings.redeliver_after),
         "SAGAWORKER_RELAY_AFTER": str(settings.relay_after),
         "SAGAWORKER_SWEEP_INTERVAL": str(settings.sweep_interval),

@@ -1,0 +1,319 @@
+"""Encryption at rest (SAGAWORKER_ENCRYPTION_KEYS): the journal's arguments, results and
+metadata are stored encrypted, read back in clear, rotated to a new key; a missing or a
+wrong key is an error naming the setting. On SQLite, and on PostgreSQL (a fresh database
+per test: rotation rewrites every row of the journal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from cryptography.fernet import Fernet
+from sqlalchemy import create_engine, text
+
+from sagaworker import ConfigurationError, FlowContext, SagaStatus, Sagaworker, Settings
+from sagaworker._canonical import args_digest
+from tests.conftest import ROOT, UNIT_SECRET, _pg, need
+from tests.statemachine.model import RecordingBus
+
+KEY_A = Fernet.generate_key().decode()
+KEY_B = Fernet.generate_key().decode()
+#: every argument, result and metadata value is distinctive, so the raw rows can be
+#: searched for it
+CARD = "card-4242-4242-4242-4242"
+AMOUNT = 987654
+NOTE = "note-gift-wrap-for-alice"
+RECEIPT = "receipt-ch-secret-991"
+SSN = "ssn-123-45-6789"
+SKU = "sku-secret-sku-77"
+RESERVATION = "reservation-r-secret-55"
+SECRETS = (CARD, str(AMOUNT), NOTE, RECEIPT, SSN, SKU, RESERVATION)
+CHARGE = f"{__name__}.charge"
+RESERVE = f"{__name__}.reserve"
+#: the seven columns that are encrypted (the rest stays in clear; docs/encryption.md)
+SEALED = {"sagaworker_sagas": ("metadata", "flow_args", "flow_kwargs", "result"),
+          "sagaworker_entries": ("args", "kwargs", "result")}
+MAKE_KEY = "Fernet.generate_key().decode()"
+
+
+def charge(card: str, amount: int) -> str:
+    return RECEIPT
+
+
+def reserve(sku: str, *, quantity: int) -> str:
+    return RESERVATION
+
+
+def checkout(s: FlowContext, card: str, amount: int, *, note: str) -> dict[str, Any]:
+    return {"receipt": s.call(CHARGE, card, amount), "note": note}
+
+
+# -- a journal on either database --------------------------------------------------------
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'j.db'}"
+        return
+    need("PostgreSQL", _pg)
+    import psycopg
+
+    from sagaworker._migrate import upgrade
+
+    name = f"sw_crypto_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+    upgrade(url)  # the migrations, not create_all: the columns are what Alembic made
+    yield url
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def make_sw(db_url: str) -> Iterator[Any]:
+    """Sagaworkers on the test's journal, each with the keys it is given (a process each,
+    as it were: a producer, a worker, an operator's CLI)."""
+    made: list[Sagaworker] = []
+
+    def make(keys: str | None, url: str = db_url) -> Sagaworker:
+        sw = Sagaworker(Celery(f"enc-{len(made)}", broker="memory://"), settings=Settings(
+            database_url=url, broker_url="memory://", approval_secret=UNIT_SECRET,
+            encryption_keys=keys, relay_after=300))
+        sw.tool()(charge)
+        sw.tool()(reserve)
+        sw.flow()(checkout)
+        sw.rt.bus = RecordingBus([])
+        made.append(sw)
+        return sw
+
+    yield make
+    for sw in made:
+        if sw.rt._engine is not None:
+            sw.rt._engine.dispose()
+
+
+def run_step(sw: Sagaworker, saga_id: str, seq: int, tool: str, result: Any) -> None:
+    """What a worker does with a step: claim it, journal its result."""
+    token = f"t-{uuid.uuid4().hex[:8]}"
+    sw.machine.claim_start(saga_id, seq, tool, token=token, worker="w", idempotent=False,
+                           task_id=None)
+    assert sw.machine.executed(saga_id, seq, token, result, 1.0).applied
+
+
+def run_sagas(sw: Sagaworker, suffix: str = "") -> tuple[str, str]:
+    """A flow that completes (flow arguments, a step, the flow's result) and an asynchronous
+    saga with a keyword argument: every encrypted column gets a value."""
+    flow_id, saga_id = f"flow{suffix}", f"saga{suffix}"
+    sw.start(flow_id, checkout, CARD, AMOUNT, note=NOTE, metadata={"customer": SSN})
+    sw.flows.advance(flow_id)  # journals the charge
+    run_step(sw, flow_id, 1, CHARGE, RECEIPT)
+    sw.flows.advance(flow_id)  # the flow returns: COMPLETED with its value
+    saga = sw.begin(saga_id, metadata={"customer": SSN})
+    saga.enqueue(sw.registry.tool(RESERVE).task, SKU, quantity=3)
+    run_step(sw, saga_id, 1, RESERVE, RESERVATION)
+    return flow_id, saga_id
+
+
+def raw_rows(url: str) -> dict[str, list[dict[str, Any]]]:
+    """Both tables as plain SQL reads them (no sagaworker type in between)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            out = {}
+            for table in SEALED:
+                rows = conn.execute(text(f"SELECT * FROM {table}")).mappings().all()
+                out[table] = [{k: _json(v) for k, v in r.items()} for r in rows]
+            return out
+    finally:
+        engine.dispose()
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, str) and v[:1] in "[{\"n":
+        try:
+            return json.loads(v)  # SQLite hands JSON columns back as text
+        except ValueError:
+            return v
+    return v
+
+
+def clear_secrets(url: str) -> set[str]:
+    """The secrets found anywhere in the raw journal (every column of every row)."""
+    dump = json.dumps(raw_rows(url), default=str)
+    return {s for s in SECRETS if s in dump}
+
+
+def assert_sealed(url: str) -> None:
+    for table, rows in raw_rows(url).items():
+        assert rows
+        for row in rows:
+            for col in SEALED[table]:
+                v = row[col]
+                assert v is None or (isinstance(v, dict) and list(v) == ["$sagaworker_enc"]), (
+                    table, col, v)
+
+
+def assert_reads_clear(sw: Sagaworker, flow_id: str, saga_id: str) -> None:
+    flow = sw.inspect(flow_id)
+    assert flow.status is SagaStatus.COMPLETED
+    assert flow.metadata == {"customer": SSN}
+    assert (flow.flow_args, flow.flow_kwargs) == ([CARD, AMOUNT], {"note": NOTE})
+    assert [(e.args, e.kwargs, e.result) for e in flow.entries] == [
+        ([CARD, AMOUNT], {}, RECEIPT)]
+    assert sw.journal.saga_row(flow_id).result == {"receipt": RECEIPT, "note": NOTE}
+    saga = sw.inspect(saga_id)
+    assert saga.metadata == {"customer": SSN}
+    assert [(e.args, e.kwargs, e.result) for e in saga.entries] == [
+        ([SKU], {"quantity": 3}, RESERVATION)]
+    assert {r.saga_id for r in sw.sagas()} >= {flow_id, saga_id}
+
+
+# -- the tests ------------------------------------------------------------------------------
+
+def test_stored_encrypted_read_in_clear(make_sw: Any, db_url: str) -> None:
+    """With keys set, no argument, result or metadata value is in the raw rows (the seven
+    columns hold the encrypted wrapper, or NULL); sw.inspect and the state machine see the
+    clear values; the args digest is the clear arguments' own."""
+    sw = make_sw(KEY_A)
+    flow_id, saga_id = run_sagas(sw)
+    assert clear_secrets(db_url) == set()
+    assert_sealed(db_url)
+    assert_reads_clear(sw, flow_id, saga_id)
+    # a producer and a worker are separate processes: another Sagaworker with the same keys
+    assert_reads_clear(make_sw(KEY_A), flow_id, saga_id)
+    entries = raw_rows(db_url)["sagaworker_entries"]
+    assert {e["args_digest"] for e in entries} == {
+        args_digest([CARD, AMOUNT], {}), args_digest([SKU], {"quantity": 3})}
+    # what stays in clear: ids, tool names, phases (the sweeper and queries need them)
+    assert {(e["saga_id"], e["tool_name"], e["phase"]) for e in entries} == {
+        (flow_id, CHARGE, "EXECUTED"), (saga_id, RESERVE, "EXECUTED")}
+
+
+def test_a_clear_journal_reads_after_keys_are_set(make_sw: Any, db_url: str) -> None:
+    """A journal written before encryption was turned on still reads, new writes are
+    encrypted, and rotate-key encrypts the old clear values (a second run rewrites none)."""
+    flow_id, saga_id = run_sagas(make_sw(None), "-old")
+    assert clear_secrets(db_url) == set(SECRETS)  # clear, as before this setting existed
+    sw = make_sw(KEY_A)
+    assert_reads_clear(sw, flow_id, saga_id)
+    new_flow, new_saga = run_sagas(sw, "-new")
+    assert_reads_clear(sw, new_flow, new_saga)
+    assert sw.rotate_key() == 4  # the old rows (2 sagas, 2 entries); the new are sealed
+    assert clear_secrets(db_url) == set()
+    assert_sealed(db_url)
+    assert sw.rotate_key() == 0
+    for fid, sid in ((flow_id, saga_id), (new_flow, new_saga)):
+        assert_reads_clear(make_sw(KEY_A), fid, sid)
+
+
+def test_rotate_key_then_the_old_key_is_dropped(make_sw: Any, db_url: str) -> None:
+    """A new key first, the old one after it: both read; rotate-key re-encrypts everything
+    with the new key, after which the old key can be dropped (and alone it reads nothing)."""
+    flow_id, saga_id = run_sagas(make_sw(KEY_A))
+    before = raw_rows(db_url)
+    both = make_sw(f"{KEY_B}, {KEY_A}")
+    assert_reads_clear(both, flow_id, saga_id)
+    assert both.rotate_key(batch=1) == 4  # two sagas, two entries; one saga a transaction
+    after = raw_rows(db_url)
+    assert after != before and clear_secrets(db_url) == set()
+    assert_sealed(db_url)
+    assert both.rotate_key() == 0
+    assert_reads_clear(make_sw(KEY_B), flow_id, saga_id)
+    with pytest.raises(ConfigurationError, match="none of the keys in "
+                       "SAGAWORKER_ENCRYPTION_KEYS decrypts"):
+        make_sw(KEY_A).inspect(saga_id)
+
+
+def test_a_missing_or_wrong_key_is_a_clear_error(make_sw: Any, db_url: str) -> None:
+    """Reading an encrypted journal without keys, or with keys that do not decrypt it, is a
+    ConfigurationError naming the setting, for a reader and for a worker's move alike; never
+    a garbage value. rotate-key without keys says what to set."""
+    flow_id, saga_id = run_sagas(make_sw(KEY_A))
+    none, wrong = make_sw(None), make_sw(KEY_B)
+    for sw, msg in ((none, r"is encrypted; set SAGAWORKER_ENCRYPTION_KEYS"),
+                    (wrong, r"none of the keys in SAGAWORKER_ENCRYPTION_KEYS decrypts")):
+        with pytest.raises(ConfigurationError, match=msg):
+            sw.inspect(flow_id)
+        with pytest.raises(ConfigurationError, match=msg):
+            sw.sagas()
+        with pytest.raises(ConfigurationError, match=msg):
+            sw.flows.advance(flow_id)
+        with pytest.raises(ConfigurationError, match=msg):  # a worker picking up a step
+            sw.machine.claim_start(saga_id, 1, RESERVE, token="tx", worker="w",
+                                   idempotent=False, task_id=None)
+    with pytest.raises(ConfigurationError, match="rotate-key needs SAGAWORKER_ENCRYPTION_KEYS"):
+        none.rotate_key()
+    assert_reads_clear(make_sw(KEY_A), flow_id, saga_id)  # nothing was changed meanwhile
+
+
+def test_a_malformed_key_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key that is not a Fernet key: ConfigurationError saying how to make one, from the
+    environment as from code; the message never echoes the key. Unset or empty: clear."""
+    bad = "not-a-fernet-key-but-a-secret-all-the-same"
+    for value in (bad, f"{KEY_A},{bad}"):
+        with pytest.raises(ConfigurationError) as exc:
+            Settings(encryption_keys=value)
+        assert "SAGAWORKER_ENCRYPTION_KEYS" in str(exc.value) and MAKE_KEY in str(exc.value)
+        assert bad not in str(exc.value) and KEY_A not in str(exc.value)
+    monkeypatch.setenv("SAGAWORKER_ENCRYPTION_KEYS", bad)
+    with pytest.raises(ConfigurationError, match="not a Fernet key"):
+        Sagaworker(Celery("bad", broker="memory://"))
+    monkeypatch.setenv("SAGAWORKER_ENCRYPTION_KEYS", "")
+    assert Settings().encryption_keys is None
+    monkeypatch.setenv("SAGAWORKER_ENCRYPTION_KEYS", f"{KEY_A}, {KEY_B}")
+    s = Settings()
+    assert s.encryption_keys is not None and KEY_A not in repr(s)
+
+
+def test_each_sagaworker_keeps_its_own_keys(make_sw: Any, tmp_path: Path) -> None:
+    """Two Sagaworkers in one process on two journals: one encrypts, the other, without
+    keys, writes and reads its own journal in clear."""
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    sealed, clear = make_sw(KEY_A), make_sw(None, other)
+    run_sagas(sealed)
+    flow_id, saga_id = run_sagas(clear)
+    assert clear_secrets(other) == set(SECRETS)
+    assert_reads_clear(clear, flow_id, saga_id)
+    assert_reads_clear(sealed, flow_id, saga_id)  # its own journal, same ids
+
+
+def test_cli_rotate_key(tmp_path: Path) -> None:
+    """`sagaworker db rotate-key` on the app's journal prints how many rows it re-encrypted;
+    without keys it refuses (exit 1) naming the setting."""
+    db = tmp_path / "app.db"
+    (tmp_path / "encapp.py").write_text(
+        "from celery import Celery\n"
+        "from sagaworker import Sagaworker\n"
+        "app = Celery('encapp', broker='memory://')\n"
+        f"sw = Sagaworker(app, database_url={f'sqlite:///{db}'!r})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
+               SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"))
+    meta = {"customer": SSN}
+    code = f"import encapp; s = encapp.sw.begin('s-1', metadata={meta!r}); s.complete()"
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True)
+
+    def cli(*args: str, keys: str | None) -> subprocess.CompletedProcess[str]:
+        e = dict(env) if keys is None else {**env, "SAGAWORKER_ENCRYPTION_KEYS": keys}
+        return subprocess.run([sys.executable, "-m", "sagaworker.cli", "-A", "encapp", *args],
+                              cwd=tmp_path, env=e, capture_output=True, text=True,
+                              timeout=120)
+
+    r = cli("db", "rotate-key", keys=None)
+    assert r.returncode == 1 and "SAGAWORKER_ENCRYPTION_KEYS" in r.stderr, r.stderr
+    r = cli("db", "rotate-key", keys=KEY_A)
+    assert r.returncode == 0 and "re-encrypted 1 rows" in r.stdout, r.stderr
+    assert SSN not in json.dumps(raw_rows(f"sqlite:///{db}"), default=str)
+    r = cli("show", "s-1", "--json", keys=KEY_A)
+    assert r.returncode == 0 and json.loads(r.stdout)["metadata"] == {"customer": SSN}
+    r = cli("show", "s-1", "--json", keys=None)
+    assert r.returncode != 0 and "SAGAWORKER_ENCRYPTION_KEYS" in r.stderr
