@@ -2,6 +2,10 @@
 
 ``flask --app webapp:create_app run`` (development) or
 ``gunicorn 'webapp:create_app()'`` (production, see the Procfile).
+
+Approving, rejecting, re-driving and aborting need an authenticated operator
+(``webapp.auth``: ``SAGAWORKER_WEB_TOKENS``/``SAGAWORKER_WEB_TOKENS_FILE`` or
+``SAGAWORKER_WEB_TRUSTED_HEADER``); with neither configured the app is read-only.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from werkzeug.exceptions import HTTPException
 from sagaworker import Sagaworker
 
 from . import api, dashboard
+from .auth import READ_ONLY, WebAuth
 from .orders import DEFAULT_FLOW, Order, Orders, ValidationFailed, parse_order
 
-__all__ = ["Order", "Orders", "ValidationFailed", "create_app", "parse_order"]
+__all__ = ["Order", "Orders", "ValidationFailed", "WebAuth", "create_app", "parse_order"]
 
 
 def _wants_html() -> bool:
@@ -25,10 +30,12 @@ def _wants_html() -> bool:
 
 
 def create_app(sw: Sagaworker | None = None, *, flow: Callable[..., Any] | str | None = None,
-               deadline: float | None = None) -> Flask:
+               deadline: float | None = None, auth: WebAuth | None = None) -> Flask:
     """The app. ``sw`` defaults to the example's ``tasks.sw`` and ``flow`` to its order
     flow (``tasks.orders.place_order``): ``POST /orders`` starts it with ``sw.start`` and
-    returns, and the workers carry it. ``deadline`` (seconds) bounds each order's saga."""
+    returns, and the workers carry it. ``deadline`` (seconds) bounds each order's saga.
+    ``auth`` says who may decide (default: ``WebAuth.from_env()``; nothing configured is
+    read-only); a malformed setting raises ``AuthConfigError`` here, at start."""
     if sw is None:
         import tasks
 
@@ -38,6 +45,9 @@ def create_app(sw: Sagaworker | None = None, *, flow: Callable[..., Any] | str |
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["sagaworker"] = sw
     app.extensions["sagaworker_orders"] = Orders(sw, flow or DEFAULT_FLOW, deadline)
+    app.extensions["sagaworker_auth"] = web_auth = auth if auth is not None else WebAuth.from_env()
+    if not web_auth.configured:
+        app.logger.warning("read-only: %s", READ_ONLY)
     app.register_blueprint(api.bp)
     app.register_blueprint(dashboard.bp)
     dashboard.register_filters(app)

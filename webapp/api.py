@@ -1,10 +1,14 @@
-"""The JSON API: start orders, read sagas, decide approval gates."""
+"""The JSON API: start orders, read sagas; decide approval gates, re-drive and abort as an
+authenticated operator (``webapp.auth``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from kombu.exceptions import KombuError
 
 from sagaworker import (
     ApprovalInvalid,
@@ -13,13 +17,15 @@ from sagaworker import (
     SagaExists,
     SagaNotFound,
     SagaStatus,
+    SagaworkerError,
 )
 
+from .auth import READ_ONLY, Identity, Unauthorized, WebAuth
 from .orders import Orders, ValidationFailed, parse_order, saga_id_for
 from .queries import idle_sagas
 from .serialize import approval_json, saga_json
 
-__all__ = ["bp", "state"]
+__all__ = ["auth", "bp", "operator", "state"]
 
 bp = Blueprint("api", __name__)
 
@@ -29,6 +35,19 @@ Reply = tuple[Response, int]
 def state() -> Orders:
     orders: Orders = current_app.extensions["sagaworker_orders"]
     return orders
+
+
+def auth() -> WebAuth:
+    web_auth: WebAuth = current_app.extensions["sagaworker_auth"]
+    return web_auth
+
+
+def operator() -> Identity | None:
+    """The operator making this request, or None (no or wrong credentials)."""
+    try:
+        return auth().identify(request)
+    except Unauthorized:
+        return None
 
 
 def _error(status: int, message: str, **extra: Any) -> Reply:
@@ -101,30 +120,128 @@ def list_approvals() -> Reply:
     except ConfigurationError as exc:
         return _error(503, str(exc))
     red = Redaction.of(sw)
-    return jsonify({"approvals": [approval_json(a, red) for a in pending]}), 200
+    try:
+        who = auth().identify(request)
+    except Unauthorized as exc:
+        return _unauthorized(str(exc))
+    out = [approval_json(a, red) for a in pending]
+    if who is None:  # a token is a capability: only operators get them
+        for a in out:
+            a["token"] = None
+    return jsonify({"approvals": out}), 200
 
 
-def _decision(body: Any, *, need_reason: bool) -> tuple[str, str, str | None]:
+def _unauthorized(message: str) -> Reply:
+    resp, status = _error(401, message + "; " + _how_to_authenticate())
+    if auth().uses_tokens:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="sagaworker"'
+    return resp, status
+
+
+def _how_to_authenticate() -> str:
+    ways = []
+    if auth().uses_tokens:
+        ways.append("send Authorization: Bearer <operator token>")
+    if auth().trusted_header:
+        ways.append(f"sign in through the proxy that sets {auth().trusted_header}")
+    return " or ".join(ways)
+
+
+def operator_only(view: Callable[..., Reply]) -> Callable[..., Reply]:
+    """The view runs only for an authenticated operator (``g.operator``): 403 when the app
+    is read-only, 401 for missing or wrong credentials. Checked before the body is read."""
+    @wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Reply:
+        if not auth().configured:
+            return _error(403, READ_ONLY, read_only=True)
+        try:
+            who = auth().identify(request)
+        except Unauthorized as exc:
+            return _unauthorized(str(exc))
+        if who is None:
+            return _unauthorized("this endpoint needs an authenticated operator")
+        g.operator = who
+        return view(*args, **kwargs)
+    return wrapper
+
+
+@bp.get("/auth")
+def whoami() -> Reply:
+    """How this app authenticates operators, and who the request's operator is (401 for
+    wrong credentials): the dashboard checks a token with it."""
+    a = auth()
+    try:
+        who = a.identify(request)
+    except Unauthorized as exc:
+        return _unauthorized(str(exc))
+    return jsonify({"read_only": not a.configured, "methods": a.methods,
+                    "operator": None if who is None else who.name,
+                    "via": None if who is None else who.via}), 200
+
+
+_APPROVER = ("is not accepted: the approver is the authenticated operator (the bearer "
+             "token's name or the proxy's header), never a body field")
+
+
+def _text_field(body: dict[str, Any], key: str, limit: int, reasons: dict[str, str]) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value.strip():
+        reasons[key] = "is required: a non-empty string"
+        return ""
+    if len(value) > limit:
+        reasons[key] = f"must be at most {limit} characters"
+    return value.strip()
+
+
+def _decision(body: Any, *, need_reason: bool) -> tuple[str | None, tuple[str, int] | None,
+                                                         str | None]:
+    """The gate (a ``token``, or ``saga_id`` and ``seq``) and the reason, or 422."""
     if not isinstance(body, dict):
-        raise ValidationFailed({"body": "must be a JSON object with token, approver"
-                                        + (", reason" if need_reason else "")})
-    reasons: dict[str, str] = {k: "unknown field" for k in body
-                               if k not in ("token", "approver", "reason")}
-    values: dict[str, str | None] = {}
-    for key, required, limit in (("token", True, 4096), ("approver", True, 200),
-                                 ("reason", need_reason, 1000)):
-        value = body.get(key)
-        if value is None and not required:
-            values[key] = None
-        elif not isinstance(value, str) or not value.strip():
-            reasons[key] = "is required: a non-empty string"
-        elif len(value) > limit:
-            reasons[key] = f"must be at most {limit} characters"
+        raise ValidationFailed({"body": "must be a JSON object with token (or saga_id and "
+                                        "seq)" + (" and reason" if need_reason else "")})
+    allowed = {"token", "saga_id", "seq", "reason"}
+    reasons: dict[str, str] = {k: _APPROVER if k == "approver" else "unknown field"
+                               for k in body if k not in allowed}
+    token = step = None
+    if "token" in body:
+        token = _text_field(body, "token", 4096, reasons)
+        for k in ("saga_id", "seq"):
+            if k in body:
+                reasons[k] = "give either token or saga_id and seq, not both"
+    elif "saga_id" in body or "seq" in body:
+        saga_id = _text_field(body, "saga_id", 200, reasons)
+        seq = body.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            reasons["seq"] = "is required with saga_id: the step's number, an integer >= 1"
         else:
-            values[key] = value.strip()
+            step = (saga_id, seq)
+    else:
+        reasons["token"] = "is required (or saga_id and seq): a non-empty string"
+    reason = None
+    if need_reason or body.get("reason") is not None:
+        reason = _text_field(body, "reason", 1000, reasons)
     if reasons:
         raise ValidationFailed(reasons)
-    return str(values["token"]), str(values["approver"]), values.get("reason")
+    return token, step, reason
+
+
+def _token_for(step: tuple[str, int]) -> str | Reply:
+    """The current token of the gate at saga ``step[0]`` step ``step[1]``, or the error."""
+    saga_id, seq = step
+    sw = state().sw
+    for p in sw.pending_approvals():
+        if (p.saga_id, p.seq) == (saga_id, seq):
+            return p.token
+    try:
+        rec = sw.inspect(saga_id)
+    except SagaNotFound as exc:
+        return _error(404, str(exc))
+    entry = next((e for e in rec.entries if e.seq == seq), None)
+    if entry is None:
+        return _error(404, f"saga {saga_id!r} has no step {seq}")
+    return _error(409, f"saga {saga_id!r} step {seq} is {entry.phase.value}, saga "
+                       f"{rec.status.value}: not waiting for approval (already decided, "
+                       "cancelled or its saga is failing); nothing changed")
 
 
 def _gate_error(exc: Exception) -> Reply:
@@ -135,21 +252,94 @@ def _gate_error(exc: Exception) -> Reply:
     return _error(409 if conflict else 400, str(exc))
 
 
-@bp.post("/approvals/approve")
-def approve() -> Reply:
-    token, approver, reason = _decision(_json_body(), need_reason=False)
+def _decide(approve: bool) -> Reply:
+    token, step, reason = _decision(_json_body(), need_reason=not approve)
+    who: Identity = g.operator
+    sw = state().sw
     try:
-        state().sw.approve(token, approver=approver)
+        if token is None:
+            assert step is not None
+            found = _token_for(step)
+            if not isinstance(found, str):
+                return found
+            token = found
+        if approve:
+            sw.approve(token, approver=who.name)
+        else:
+            sw.reject(token, approver=who.name, reason=str(reason))
     except (ApprovalInvalid, ConfigurationError) as exc:
         return _gate_error(exc)
-    return jsonify({"decision": "approved", "approver": approver, "reason": reason}), 200
+    return jsonify({"decision": "approved" if approve else "rejected", "approver": who.name,
+                    "reason": reason}), 200
+
+
+@bp.post("/approvals/approve")
+@operator_only
+def approve() -> Reply:
+    """Approve a gate; the approver journaled is the authenticated operator."""
+    return _decide(True)
 
 
 @bp.post("/approvals/reject")
+@operator_only
 def reject() -> Reply:
-    token, approver, reason = _decision(_json_body(), need_reason=True)
+    """Reject a gate with a reason; the saga fails and compensates."""
+    return _decide(False)
+
+
+def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ValidationFailed({"body": "must be a JSON object"})
+    bad = {k: "is not accepted: the actor is the authenticated operator, never a body field"
+           if k in ("actor", "approver") else "unknown field" for k in body if k not in allowed}
+    if bad:
+        raise ValidationFailed(bad)
+    return body
+
+
+def _broker_warning(what: str, exc: Exception) -> str:
+    return (f"the {what} is journaled but the broker refused the message "
+            f"({type(exc).__name__}); the sweeper sends it")
+
+
+@bp.post("/sagas/<path:saga_id>/retry-compensation")
+@operator_only
+def retry_compensation(saga_id: str) -> Reply:
+    """Operator re-drive: re-run the saga's COMPENSATION_FAILED undos (a worker runs them).
+    The body is a JSON object (``{}``)."""
+    _object(_json_body(), set())
+    who: Identity = g.operator
+    out: dict[str, Any] = {"saga_id": saga_id, "actor": who.name}
     try:
-        state().sw.reject(token, approver=approver, reason=str(reason))
-    except (ApprovalInvalid, ConfigurationError) as exc:
-        return _gate_error(exc)
-    return jsonify({"decision": "rejected", "approver": approver, "reason": reason}), 200
+        seqs = state().sw.retry_compensation(saga_id, actor=who.name)
+    except SagaNotFound as exc:
+        return _error(404, str(exc))
+    except SagaworkerError as exc:
+        return _error(409, str(exc))
+    except (OSError, KombuError) as exc:  # reopened; the sweeper drives the chain on
+        return jsonify({**out, "rerun": None, "warning": _broker_warning("re-drive", exc)}), 202
+    if not seqs:
+        return _error(409, f"saga {saga_id!r} has no COMPENSATION_FAILED undo to re-run")
+    return jsonify({**out, "rerun": seqs}), 202
+
+
+@bp.post("/sagas/<path:saga_id>/abort")
+@operator_only
+def abort(saga_id: str) -> Reply:
+    """An operator fails a running saga with a reason: its gates close and it compensates."""
+    body = _object(_json_body(), {"reason"})
+    reasons: dict[str, str] = {}
+    reason = _text_field(body, "reason", 1000, reasons)
+    if reasons:
+        raise ValidationFailed(reasons)
+    who: Identity = g.operator
+    out: dict[str, Any] = {"saga_id": saga_id, "aborted_by": who.name, "reason": reason}
+    try:
+        state().sw.abort(saga_id, reason=reason, actor=who.name)
+    except SagaNotFound as exc:
+        return _error(404, str(exc))
+    except SagaworkerError as exc:
+        return _error(409, str(exc))
+    except (OSError, KombuError) as exc:  # journaled; the sweeper sends the failure
+        out["warning"] = _broker_warning("abort", exc)
+    return jsonify(out), 202

@@ -20,10 +20,11 @@ from sagaworker import (
     SagaStatus,
 )
 
-from .api import state
+from .api import auth, operator, state
+from .auth import Identity
 from .queries import idle_sagas, waiting_step
 
-__all__ = ["Attention", "TimelineUndo", "bp", "register_filters"]
+__all__ = ["Attention", "Ops", "TimelineUndo", "bp", "register_filters"]
 
 bp = Blueprint("dashboard", __name__)
 
@@ -46,6 +47,25 @@ class TimelineUndo:
     order: int
     outcome: Outcome
     entry: EntryRecord | None
+
+
+@dataclass(frozen=True)
+class Ops:
+    """What the page offers operators: ``enabled`` False is the read-only app (no buttons,
+    a banner); ``operator`` is known when the proxy's header came with the page request,
+    otherwise the script signs in with a bearer token kept in ``sessionStorage``."""
+
+    enabled: bool
+    tokens: bool
+    header: str | None
+    operator: Identity | None
+
+
+@bp.app_context_processor
+def _ops() -> dict[str, Any]:
+    a = auth()
+    return {"ops": Ops(a.configured, a.uses_tokens, a.trusted_header,
+                       operator() if a.configured else None)}
 
 
 def attention(recent: list[SagaRecord], dirty: list[SagaRecord]) -> list[Attention]:

@@ -11,7 +11,7 @@ from flask.testing import FlaskClient
 from sagaworker import Sagaworker
 from webapp import create_app
 
-from .journal import Tools, make_sw, order_flow
+from .journal import ALICE_TOKEN, BOB_TOKEN, Tools, make_sw, operators, order_flow
 
 
 @pytest.fixture
@@ -31,11 +31,30 @@ def tools(journal: tuple[Sagaworker, Tools]) -> Tools:
 
 @pytest.fixture
 def app(sw: Sagaworker) -> Flask:
-    app = create_app(sw, flow=order_flow)
+    """The app with two operators, alice and bob (bearer tokens)."""
+    app = create_app(sw, flow=order_flow, auth=operators())
     app.testing = True
     return app
 
 
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
+    """An anonymous client."""
     return app.test_client()
+
+
+def _as(app: Flask, token: str) -> FlaskClient:
+    c = app.test_client()
+    c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return c
+
+
+@pytest.fixture
+def alice(app: Flask) -> FlaskClient:
+    """A client sending alice's operator token with every request."""
+    return _as(app, ALICE_TOKEN)
+
+
+@pytest.fixture
+def bob(app: Flask) -> FlaskClient:
+    return _as(app, BOB_TOKEN)

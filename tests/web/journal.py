@@ -13,9 +13,32 @@ from sqlalchemy import update
 
 from sagaworker import CompensationContext, FlowContext, Reversibility, Sagaworker, Settings
 from sagaworker._journal import now
-from sagaworker._schema import entries
+from sagaworker._schema import audit, entries
+from webapp.auth import WebAuth, hash_token
 
 SECRET = "web-tests-approval-secret-0123456789abcdef"
+#: operator tokens of the test apps (``operators()``): the journal records these names
+ALICE_TOKEN = "swop_alice-web-tests-0123456789abcdefghijklmnopq"
+BOB_TOKEN = "swop_bob-web-tests-0123456789abcdefghijklmnopqrs"
+
+
+def operators() -> WebAuth:
+    """Operator tokens for alice and bob, stored hashed as SAGAWORKER_WEB_TOKENS would be."""
+    return WebAuth(tokens=[("alice", hash_token(ALICE_TOKEN)), ("bob", hash_token(BOB_TOKEN))])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def audit_rows(sw: Sagaworker, saga_id: str) -> list[tuple[str, str | None, str | None]]:
+    """The saga's operator actions (abort, retry_compensation) as (action, actor, detail)."""
+    from sqlalchemy import select
+
+    with sw.journal.engine.connect() as conn:
+        rows = conn.execute(select(audit.c.action, audit.c.actor, audit.c.detail)
+                            .where(audit.c.saga_id == saga_id).order_by(audit.c.at)).all()
+    return [(r.action, r.actor, r.detail) for r in rows]
 
 
 class Declined(Exception):

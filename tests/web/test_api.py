@@ -11,7 +11,17 @@ from flask.testing import FlaskClient
 from sagaworker import SagaStatus, Sagaworker
 from webapp import create_app
 
-from .journal import Tools, awaiting_approval, compensated, completed, make_sw, order_flow
+from .journal import (
+    ALICE_TOKEN,
+    Tools,
+    awaiting_approval,
+    bearer,
+    compensated,
+    completed,
+    make_sw,
+    operators,
+    order_flow,
+)
 
 GOOD: dict[str, Any] = {"order_id": "1001", "sku": "sku-42", "quantity": 2,
                         "card": "card-4242", "amount_cents": 3000}
@@ -105,13 +115,13 @@ def test_flow_runs_to_the_approval_gate_and_completes(tmp_path: Path) -> None:
     """With tasks run inline the posted order's flow runs its steps and stops at the gate
     (the POST has returned); an approval through the API moves it on to COMPLETED."""
     sw, _ = make_sw(tmp_path / "eager.db", eager=True)
-    client = create_app(sw, flow=order_flow).test_client()
-    assert client.post("/orders", json=GOOD).status_code == 202
-    pending = client.get("/approvals").get_json()["approvals"]
+    client = create_app(sw, flow=order_flow, auth=operators()).test_client()
+    assert client.post("/orders", json=GOOD).status_code == 202  # customers need no token
+    pending = client.get("/approvals", headers=bearer(ALICE_TOKEN)).get_json()["approvals"]
     assert [p["tool_name"].rsplit(".", 1)[-1] for p in pending] == ["dispatch"]
     assert pending[0]["args"] == ["1001"]
-    resp = client.post("/approvals/approve", json={"token": pending[0]["token"],
-                                                   "approver": "alice"})
+    resp = client.post("/approvals/approve", json={"token": pending[0]["token"]},
+                       headers=bearer(ALICE_TOKEN))
     assert resp.status_code == 200 and resp.get_json()["decision"] == "approved"
     rec = client.get("/sagas/order-1001").get_json()
     assert rec["status"] == "COMPLETED"
@@ -168,49 +178,60 @@ def test_saga_list_filters_by_status(client: FlaskClient, sw: Sagaworker, tools:
     assert client.get("/sagas?limit=abc").status_code == 422
 
 
-def test_approvals_list_and_reject(client: FlaskClient, sw: Sagaworker, tools: Tools) -> None:
-    """Pending approvals are listed with a token; rejecting fails the saga."""
+def test_approvals_list_and_reject(client: FlaskClient, bob: FlaskClient, sw: Sagaworker,
+                                   tools: Tools) -> None:
+    """Pending approvals are listed, with their token only for an operator; rejecting
+    fails the saga, journaled as rejected by that operator."""
     awaiting_approval(sw, tools, "order-g")
-    pending = client.get("/approvals").get_json()["approvals"]
+    anonymous = client.get("/approvals").get_json()["approvals"]
+    assert [(p["saga_id"], p["token"]) for p in anonymous] == [("order-g", None)]
+    pending = bob.get("/approvals").get_json()["approvals"]
     assert len(pending) == 1
     p = pending[0]
     assert (p["saga_id"], p["seq"]) == ("order-g", 2) and p["token"] and p["requested_at"]
-    resp = client.post("/approvals/reject", json={"token": p["token"], "approver": "bob",
-                                                  "reason": "address is a PO box"})
-    assert resp.status_code == 200
+    resp = bob.post("/approvals/reject", json={"token": p["token"],
+                                               "reason": "address is a PO box"})
+    assert resp.status_code == 200 and resp.get_json()["approver"] == "bob"
     e = sw.inspect("order-g").entries[1]
     assert (e.phase.value, e.rejected_by, e.rejection_reason) == (
         "REJECTED", "bob", "address is a PO box")
-    assert client.get("/approvals").get_json()["approvals"] == []
+    assert bob.get("/approvals").get_json()["approvals"] == []
 
 
-def test_reused_token_is_409_and_forged_token_is_400(client: FlaskClient, sw: Sagaworker,
+def test_reused_token_is_409_and_forged_token_is_400(alice: FlaskClient, sw: Sagaworker,
                                                      tools: Tools) -> None:
     """A token already used is 409; a forged one is 400; both carry the message."""
     awaiting_approval(sw, tools, "order-h")
-    token = client.get("/approvals").get_json()["approvals"][0]["token"]
-    assert client.post("/approvals/approve",
-                       json={"token": token, "approver": "al"}).status_code == 200
-    again = client.post("/approvals/approve", json={"token": token, "approver": "al"})
+    token = alice.get("/approvals").get_json()["approvals"][0]["token"]
+    assert alice.post("/approvals/approve", json={"token": token}).status_code == 200
+    again = alice.post("/approvals/approve", json={"token": token})
     assert again.status_code == 409
     assert "already decided" in again.get_json()["error"]
-    forged = client.post("/approvals/reject", json={"token": token[:-4] + "AAAA",
-                                                    "approver": "al", "reason": "x"})
+    forged = alice.post("/approvals/reject", json={"token": token[:-4] + "AAAA",
+                                                   "reason": "x"})
     assert forged.status_code == 400
     assert "not valid" in forged.get_json()["error"]
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
-    ("/approvals/approve", {"approver": "al"}, "token"),
-    ("/approvals/approve", {"token": "t", "approver": ""}, "approver"),
-    ("/approvals/approve", {"token": "t", "approver": "al", "x": 1}, "x"),
-    ("/approvals/reject", {"token": "t", "approver": "al"}, "reason"),
+    ("/approvals/approve", {}, "token"),
+    ("/approvals/approve", {"token": "t", "approver": "mallory"}, "approver"),
+    ("/approvals/approve", {"token": "t", "x": 1}, "x"),
+    ("/approvals/approve", {"token": "t", "saga_id": "s", "seq": 1}, "saga_id"),
+    ("/approvals/approve", {"saga_id": "s"}, "seq"),
+    ("/approvals/approve", {"saga_id": "s", "seq": True}, "seq"),
+    ("/approvals/reject", {"token": "t"}, "reason"),
     ("/approvals/reject", ["t"], "body"),
+    ("/sagas/s/abort", {}, "reason"),
+    ("/sagas/s/abort", {"reason": "r", "actor": "mallory"}, "actor"),
+    ("/sagas/s/retry-compensation", {"x": 1}, "x"),
+    ("/sagas/s/retry-compensation", [], "body"),
 ])
-def test_bad_decision_body_is_422(client: FlaskClient, path: str, body: Any,
+def test_bad_decision_body_is_422(alice: FlaskClient, path: str, body: Any,
                                   field: str) -> None:
-    """Missing token, approver or (to reject) reason, or unknown fields, are 422."""
-    resp = client.post(path, json=body)
+    """Missing token (or saga_id and seq) or (to reject, abort) reason, an approver or
+    actor in the body (the operator is the authenticated one), or unknown fields, are 422."""
+    resp = alice.post(path, json=body)
     assert resp.status_code == 422
     assert field in resp.get_json()["reasons"]
 
@@ -224,8 +245,9 @@ def test_approvals_without_secret_are_503(tmp_path: Path) -> None:
     sw = Sagaworker(Celery("t", broker="memory://"),
                     database_url=f"sqlite:///{tmp_path / 'j.db'}",
                     settings=Settings(approval_secret=None))
-    client = create_app(sw).test_client()
-    resp = client.post("/approvals/approve", json={"token": "a.b", "approver": "al"})
+    client = create_app(sw, auth=operators()).test_client()
+    resp = client.post("/approvals/approve", json={"token": "a.b"},
+                       headers=bearer(ALICE_TOKEN))
     assert resp.status_code == 503
     assert "SAGAWORKER_APPROVAL_SECRET" in resp.get_json()["error"]
 

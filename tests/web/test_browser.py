@@ -1,4 +1,6 @@
-"""A real headless Chromium screenshot of the dashboard, served on 127.0.0.1."""
+"""A real headless Chromium on the dashboard, served on 127.0.0.1: screenshots, and an
+operator's clicks (sign in, approve, reject, abort, re-drive through the confirmation
+dialog) checked in the journal."""
 
 from __future__ import annotations
 
@@ -8,16 +10,29 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from werkzeug.serving import make_server
 
-from sagaworker import Sagaworker
-from webapp import create_app
+from sagaworker import Phase, SagaStatus, Sagaworker
+from webapp import WebAuth, create_app
 
-from .journal import Tools, awaiting_approval, compensated, completed, order_flow, running
+from .cdp import Browser
+from .journal import (
+    ALICE_TOKEN,
+    Tools,
+    audit_rows,
+    awaiting_approval,
+    compensated,
+    completed,
+    operators,
+    order_flow,
+    running,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 OUTPUT = Path(__file__).resolve().parents[1] / "output"
@@ -34,9 +49,8 @@ def _need_chromium() -> None:
     pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
 
 
-@pytest.fixture
-def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
-    """The dashboard over a journal with one saga in every interesting state."""
+def populate(sw: Sagaworker, tools: Tools) -> None:
+    """One saga in every interesting state."""
     completed(sw, tools, "order-1001")
     compensated(sw, tools, "order-1002")
     running(sw, tools, "order-1003")
@@ -44,7 +58,12 @@ def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
     compensated(sw, tools, "order-1005", in_doubt=True)
     compensated(sw, tools, "order-1006", card="stuck-4242")
     completed(sw, tools, "order-1007")
-    server = make_server("127.0.0.1", 0, create_app(sw, flow=order_flow), threaded=True)
+
+
+@contextmanager
+def serve(sw: Sagaworker, auth: WebAuth) -> Iterator[str]:
+    server = make_server("127.0.0.1", 0, create_app(sw, flow=order_flow, auth=auth),
+                         threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -52,6 +71,30 @@ def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(10)
+
+
+@pytest.fixture
+def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
+    """The read-only dashboard over a journal with one saga in every interesting state."""
+    populate(sw, tools)
+    with serve(sw, WebAuth()) as url:
+        yield url
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    _need_chromium()
+    with Browser(CHROMIUM, flags=FLAGS) as b:
+        yield b
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def screenshot(url: str, out: Path) -> Path:
@@ -91,3 +134,101 @@ def test_saga_timeline_screenshot(served: str) -> None:
     out = screenshot(f"{served}/ui/sagas/order-1006", OUTPUT / "saga.png")
     assert png_size(out) == (1400, 900)
     assert out.stat().st_size > 40_000, out.stat().st_size
+
+
+def test_read_only_page_has_no_buttons(served: str, browser: Browser) -> None:
+    """Without operator authentication the page shows the read-only banner and no action
+    button, sign-in or dialog at all."""
+    for path in ("/", "/ui/sagas/order-1004", "/ui/sagas/order-1006"):
+        browser.goto(served + path)
+        assert browser.visible("#read-only") == 1
+        assert "Read-only." in browser.js("document.getElementById('read-only').innerText")
+        assert browser.js("document.querySelectorAll('button[data-action], dialog, "
+                          "#signin').length") == 0
+
+
+def test_operator_signs_in_and_approves(sw: Sagaworker, tools: Tools,
+                                        browser: Browser) -> None:
+    """An operator's page shows no action button until signed in; a wrong token is
+    refused; with alice's token (kept in sessionStorage) approve on the gated order, then
+    confirm in the dialog: the journal says approved by alice, and a reload stays signed
+    in. Reject needs a reason in the dialog and is journaled as alice's with it."""
+    populate(sw, tools)
+    awaiting_approval(sw, tools, "order-1008")
+    with serve(sw, operators()) as url:
+        browser.goto(url + "/")
+        assert browser.visible("#signin") == 1
+        assert browser.visible("button.op") == 0
+        browser.type("#op-token", "swop_wrong")
+        browser.click("#signin-button")
+        browser.wait("!document.getElementById('signin-error').hidden", "the sign-in error")
+        assert "not a valid operator token" in browser.js(
+            "document.getElementById('signin-error').textContent")
+        assert browser.visible("button.op") == 0
+
+        browser.type("#op-token", ALICE_TOKEN)
+        browser.click("#signin-button")
+        browser.wait("document.getElementById('operator-name').textContent === 'alice'",
+                     "alice to be signed in")
+        assert browser.visible("#signin") == 0
+        assert browser.visible("button.op") == 5  # 2 gates x (approve, reject), 1 re-drive
+        assert browser.js(f"sessionStorage.getItem('sagaworker.operatorToken') === "
+                          f"'{ALICE_TOKEN}'")
+
+        browser.click('td[data-gate="order-1004#2"] button.op-approve')
+        browser.wait("document.getElementById('confirm').open", "the confirmation dialog")
+        assert "Approve step #2 dispatch" in browser.js(
+            "document.getElementById('confirm-title').textContent")
+        assert sw.inspect("order-1004").entries[1].phase is Phase.AWAITING_APPROVAL
+        browser.click("#confirm-ok")
+        eventually(lambda: sw.inspect("order-1004").entries[1].approved_by == "alice",
+                   "the journal to say approved by alice")
+        browser.wait("document.getElementById('flash').textContent.includes("
+                     "'Approved (order-1004) by alice')", "the confirmation message")
+
+        # the page reloads itself; the token is still there, the decided gate gone
+        browser.wait("document.querySelectorAll('td[data-gate]').length === 1 && "
+                     "document.getElementById('operator-name').textContent === 'alice'",
+                     "the reloaded page, still signed in")
+        browser.click('td[data-gate="order-1008#2"] button.op-reject')
+        browser.wait("document.getElementById('confirm').open", "the reject dialog")
+        browser.click("#confirm-ok")  # no reason: refused in the dialog
+        browser.wait("!document.getElementById('confirm-error').hidden", "the reason error")
+        assert sw.inspect("order-1008").entries[1].phase is Phase.AWAITING_APPROVAL
+        browser.type("#confirm-reason", "address is a PO box")
+        browser.click("#confirm-ok")
+        eventually(lambda: sw.inspect("order-1008").entries[1].phase is Phase.REJECTED,
+                   "the rejection")
+        e = sw.inspect("order-1008").entries[1]
+        assert (e.rejected_by, e.rejection_reason) == ("alice", "address is a PO box")
+
+
+def test_proxy_operator_aborts_and_redrives(sw: Sagaworker, tools: Tools,
+                                            browser: Browser) -> None:
+    """Behind a proxy that sets X-Forwarded-User (Chromium sends it here) the buttons show
+    at once; a cancelled dialog changes nothing; abort with a reason and re-drive are
+    journaled as the proxy's user."""
+    populate(sw, tools)
+    browser.headers({"X-Forwarded-User": "bob"})
+    with serve(sw, WebAuth(trusted_header="X-Forwarded-User")) as url:
+        browser.goto(url + "/ui/sagas/order-1003")
+        assert browser.js("document.getElementById('operator-name').textContent") == "bob"
+        browser.click("button.op-abort")
+        browser.wait("document.getElementById('confirm').open", "the abort dialog")
+        browser.click("#confirm-cancel")
+        browser.wait("!document.getElementById('confirm').open", "the dialog to close")
+        assert sw.inspect("order-1003").status is SagaStatus.RUNNING
+        browser.click("button.op-abort")
+        browser.wait("document.getElementById('confirm').open", "the abort dialog")
+        browser.type("#confirm-reason", "customer cancelled by phone")
+        browser.click("#confirm-ok")
+        eventually(lambda: audit_rows(sw, "order-1003") == [
+            ("abort", "bob", "customer cancelled by phone")], "the abort in the journal")
+
+        browser.goto(url + "/")
+        browser.click('.alarm button.op-redrive[data-saga="order-1006"]')
+        browser.wait("document.getElementById('confirm').open", "the re-drive dialog")
+        browser.click("#confirm-ok")
+        eventually(lambda: [a[:2] for a in audit_rows(sw, "order-1006")] == [
+            ("retry_compensation", "bob")], "the re-drive in the journal")
+        assert sw.inspect("order-1006").status is SagaStatus.COMPENSATING

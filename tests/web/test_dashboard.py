@@ -211,3 +211,70 @@ def test_flow_saga_page_shows_the_flow_and_where_it_waits(client: FlaskClient,
     assert d["waiting_on"] == {"seq": 1, "tool_name": "tests.web.journal.reserve",
                                "phase": "INTENT"}
     assert "card-0000-1111" not in client.get("/sagas").get_data(as_text=True)
+
+
+def _buttons(html: str) -> list[tuple[str, str, bool]]:
+    """The operators' buttons: (action, saga, hidden)."""
+    return [(a, s, "hidden" in rest) for a, s, rest in re.findall(
+        r'<button type="button" class="op [^"]*" data-action="(\w+)"\s+data-url="[^"]*" '
+        r'data-saga="([^"]*)"([^>]*)>', html)]
+
+
+def test_read_only_dashboard_says_so_and_has_no_buttons(sw: Sagaworker, tools: Tools) -> None:
+    """With no operator authentication configured the dashboard shows the read-only banner
+    (how to configure it) and renders no action button, dialog or script."""
+    from webapp import WebAuth, create_app
+
+    awaiting_approval(sw, tools, "order-gated")
+    compensated(sw, tools, "order-dirty", card="stuck-1")
+    client = create_app(sw, auth=WebAuth()).test_client()
+    for url in ("/", "/ui/sagas/order-gated", "/ui/sagas/order-dirty"):
+        html = _html(client, url)
+        banner = _section(html, 'id="read-only"', "</div>")
+        assert "Read-only." in banner and "SAGAWORKER_WEB_TOKENS" in banner
+        assert "SAGAWORKER_WEB_TRUSTED_HEADER" in banner
+        assert "data-action" not in html and "<dialog" not in html
+        assert "dashboard.js" not in html and 'id="signin"' not in html
+    assert '<meta http-equiv="refresh" content="30">' in _html(client, "/")
+
+
+def test_operator_dashboard_hides_buttons_until_signed_in(client: FlaskClient,
+                                                          sw: Sagaworker, tools: Tools) -> None:
+    """Where operators sign in with a token, the page has the sign-in form and the buttons
+    (approve and reject per gate, re-drive per dirty saga, abort per open saga) hidden
+    until the script knows the operator; no approval token is in the page."""
+    awaiting_approval(sw, tools, "order-gated")
+    compensated(sw, tools, "order-dirty", card="stuck-1")
+    html = _html(client, "/")
+    assert 'id="signin"' in html and 'id="read-only"' not in html and "<dialog" in html
+    assert _buttons(html) == [("redrive", "order-dirty", True),
+                              ("approve", "order-gated", True),
+                              ("reject", "order-gated", True)]
+    assert 'data-seq="2"' in html and 'data-step="dispatch"' in html
+    token = sw.pending_approvals()[0].token
+    assert token not in html
+    assert 'http-equiv="refresh"' not in html and 'data-refresh="30"' in html
+    gated = _html(client, "/ui/sagas/order-gated")
+    assert _buttons(gated) == [("abort", "order-gated", True), ("approve", "order-gated", True),
+                               ("reject", "order-gated", True)]
+    assert 'data-url="/sagas/order-gated/abort"' in gated
+    assert _buttons(_html(client, "/ui/sagas/order-dirty")) == [
+        ("redrive", "order-dirty", True)]
+
+
+def test_proxy_signed_in_operator_sees_the_buttons(sw: Sagaworker, tools: Tools) -> None:
+    """Behind a proxy that sets the trusted header the page knows the operator: the buttons
+    are shown and the operator named; without the header they stay hidden."""
+    from webapp import WebAuth, create_app
+
+    awaiting_approval(sw, tools, "order-gated")
+    client = create_app(sw, auth=WebAuth(trusted_header="X-Forwarded-User")).test_client()
+    resp = client.get("/", headers={"X-Forwarded-User": "carol"})
+    html = resp.get_data(as_text=True)
+    assert 'id="operator-name">carol</b>' in html and 'id="signin"' not in html
+    assert _buttons(html) == [("approve", "order-gated", False),
+                              ("reject", "order-gated", False)]
+    anonymous = _html(client, "/")
+    assert _buttons(anonymous) == [("approve", "order-gated", True),
+                                   ("reject", "order-gated", True)]
+    assert "come through the proxy that sets X-Forwarded-User" in anonymous

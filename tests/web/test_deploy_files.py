@@ -90,7 +90,21 @@ def test_compose_commands_match_the_procfile() -> None:
     assert services["web"]["command"] == p["web"]
     assert services["worker"]["command"] == p["worker"]
     assert services["beat"]["command"][:len(p["beat"])] == p["beat"]
-    assert "8000:8000" in services["web"]["ports"]
+    assert "127.0.0.1:8000:8000" in services["web"]["ports"]
+
+
+def test_compose_publishes_no_unauthenticated_decision_endpoint() -> None:
+    """The web app's port is published on 127.0.0.1 only, operators come from the
+    environment as hashed tokens (unset: read-only), and no header is trusted on a port a
+    client could reach directly; nothing else is published."""
+    services = compose()["services"]
+    web = services["web"]
+    for port in web["ports"]:
+        assert str(port).startswith("127.0.0.1:"), port
+    env = web["environment"]
+    assert env["SAGAWORKER_WEB_TOKENS"] == "${SAGAWORKER_WEB_TOKENS:-}"
+    assert "SAGAWORKER_WEB_TRUSTED_HEADER" not in env
+    assert [name for name, s in services.items() if "ports" in s] == ["web"]
 
 
 def test_worker_is_scalable_and_shuts_down_warm() -> None:

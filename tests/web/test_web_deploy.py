@@ -30,12 +30,15 @@ from celery import Celery
 
 from sagaworker import Phase, SagaStatus, Sagaworker
 from tests.conftest import BROKERS, _broker, _pg, need, uid, wait_for
+from webapp.auth import hash_token
 
 pytestmark = pytest.mark.services
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SECRET = "deploy-test-secret-0123456789abcdefghij"
+#: the operator the web app knows (SAGAWORKER_WEB_TOKENS): decisions are journaled as alice
+OPERATOR_TOKEN = "swop_deploy-test-operator-0123456789abcdefghij"
 T = 90
 
 
@@ -116,7 +119,8 @@ class Deployment:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
                                      method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {OPERATOR_TOKEN}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 return resp.status, json.loads(resp.read())
@@ -142,7 +146,7 @@ class Deployment:
                         "every gate to be pending")
         for p in reqs:
             status, body = self.call("POST", "/approvals/approve",
-                                     {"token": p["token"], "approver": "alice"})
+                                     {"token": p["token"]})
             assert status == 200, body
 
     def stop(self) -> None:
@@ -179,7 +183,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         "SAGAWORKER_DATABASE_URL": url, "SAGAWORKER_BROKER_URL": BROKERS["rabbitmq"],
         "SAGAWORKER_QUEUE": f"sw-deploy-{tag}", "CELERY_TASK_DEFAULT_QUEUE": f"deploy-{tag}",
         "SAGAWORKER_APPROVAL_SECRET": SECRET, "SAGAWORKER_LOG_FORMAT": "json",
-        "SAGAWORKER_SWEEP_INTERVAL": "1", "SAGAWORKER_RELAY_AFTER": "3"})
+        "SAGAWORKER_SWEEP_INTERVAL": "1", "SAGAWORKER_RELAY_AFTER": "3",
+        "SAGAWORKER_WEB_TOKENS": f"alice:{hash_token(OPERATOR_TOKEN)}"})
     d = Deployment(tmp_path, url, env)
     d.run(procfile("release"))  # the journal and the example's own tables
     try:
