@@ -76,6 +76,8 @@ from ._sweeper import Sweeper
 # kombu loads the class by this path for redis:// brokers (see _redis.py). Not for
 # rediss://: kombu turns on TLS by that scheme name, and a class path has no scheme
 REDIS_TRANSPORT = "sagaworker._redis:Transport"
+#: kombu's filesystem transport, writing each message atomically (``_fsbroker``)
+FILESYSTEM_TRANSPORT = "sagaworker._fsbroker:Transport"
 SCHEMES = ("redis",)
 
 __all__ = ["DEAD_LETTER_QUEUE", "CeleryWiring", "Host"]
@@ -156,6 +158,8 @@ class CeleryWiring:
             # kombu's Redis transport, with its connection-loss crash made recoverable
             conf.broker_transport = REDIS_TRANSPORT
         if str(conf.broker_url).startswith("filesystem"):
+            if not conf.broker_transport:
+                conf.broker_transport = FILESYSTEM_TRANSPORT
             folder = os.path.abspath(s.broker_folder)
             for sub in ("out", "processed", "control"):
                 os.makedirs(os.path.join(folder, sub), exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from ._dialect import aware, supports_dml_cte
+from ._dialect import aware, is_busy, read_only, supports_dml_cte
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
 from ._logging import get_logger
 from ._schema import audit, entries, metadata, sagas
@@ -44,6 +44,8 @@ _T = TypeVar("_T")
 _P = ParamSpec("_P")
 #: how long a worker-side transaction is retried while the database is unreachable
 DB_RETRY_SECONDS = 60.0
+#: how long a producer write is replayed while SQLite stays busy (after its busy timeout)
+BUSY_RETRY_SECONDS = 5.0
 
 
 def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
@@ -96,31 +98,51 @@ class Journal:
     """Repository over the sagaworker tables."""
 
     def __init__(self, engine: Engine) -> None:
+        #: write transactions (``BEGIN IMMEDIATE`` on SQLite)
         self.engine = engine
+        #: read-only transactions: the same pool; on SQLite WAL readers, no write lock
+        self.reader = read_only(engine)
 
     def write(self, body: Callable[[Connection], _T]) -> _T:
-        """Run ``body`` in a write transaction, replayed once on a lost connection.
+        """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
 
-        Only a failure *before* COMMIT is replayed (nothing was written then); a failure
-        during COMMIT propagates, since replaying an insert whose commit may have landed
-        could journal a step twice.
+        Replayed: a lost connection (once), and a busy SQLite (``database is locked``:
+        another writer held the lock past the busy timeout) on a short backoff, for at
+        most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
+        *during* COMMIT propagates, since replaying an insert whose commit may have
+        landed could journal a step twice.
         """
-        for attempt in (1, 2):
-            with self.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    value = body(conn)
-                except (OperationalError, InterfaceError):
-                    trans.rollback()
-                    if attempt == 2:
+        lost_replayed = False
+        busy_until: float | None = None
+        delay = 0.01
+        while True:
+            committing = False
+            try:
+                with self.engine.connect() as conn:
+                    trans = conn.begin()  # BEGIN IMMEDIATE on SQLite: may itself be busy
+                    try:
+                        value = body(conn)
+                    except BaseException:
+                        trans.rollback()
                         raise
-                    continue
-                except BaseException:
-                    trans.rollback()
+                    committing = True
+                    trans.commit()
+                    return value
+            except (OperationalError, InterfaceError) as exc:
+                if committing:
                     raise
-                trans.commit()
-                return value
-        raise AssertionError("unreachable")
+                if is_busy(exc):
+                    t = time.monotonic()
+                    busy_until = t + BUSY_RETRY_SECONDS if busy_until is None else busy_until
+                    if t + delay > busy_until:
+                        raise
+                    _log.info("database_busy", retry_in_s=round(delay, 3))
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                if lost_replayed:
+                    raise
+                lost_replayed = True
 
     def create_all(self) -> None:
         metadata.create_all(self.engine)
@@ -237,12 +259,12 @@ class Journal:
     # -- reads -------------------------------------------------------------------
 
     def saga_row(self, saga_id: str) -> Any:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
 
     def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
         """One read: the saga row and its entries in seq order."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
                 return None, []
@@ -256,12 +278,12 @@ class Journal:
                          .values(advanced_at=now(), resends=0, resend_at=None))
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
                                                       entries.c.seq == seq)).first()
 
     def inspect(self, saga_id: str) -> SagaRecord:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
@@ -271,7 +293,7 @@ class Journal:
         return to_saga_record(saga, rows)
 
     def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
             if status is not None:
                 q = q.where(sagas.c.status == SagaStatus(status).value)
@@ -286,15 +308,16 @@ class Journal:
 
     def orphans(self, older_than: float) -> list[Any]:
         cutoff = now() - timedelta(seconds=older_than)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(
                 select(entries).where(entries.c.phase == Phase.INTENT.value,
                                       entries.c.created_at < cutoff)
                 .order_by(entries.c.created_at)).all())
 
     def stale(self, query: Any) -> list[Any]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(query).all())
+
 
 
 def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
