@@ -9,9 +9,11 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -19,9 +21,10 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from ._dialect import aware, is_busy, read_only, supports_dml_cte
+from ._dialect import aware, is_busy, listens, read_only, supports_dml_cte
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
 from ._logging import get_logger
+from ._notify import Notifier, Wake
 from ._schema import audit, entries, metadata, sagas
 from ._types import (
     OPEN,
@@ -102,6 +105,18 @@ class Journal:
         self.engine = engine
         #: read-only transactions: the same pool; on SQLite WAL readers, no write lock
         self.reader = read_only(engine)
+        self._notifier: Notifier | None = None
+        self._notifier_lock = threading.Lock()
+
+    def watch(self, saga_id: str) -> AbstractContextManager[Wake]:
+        """What a call waiting on a saga sleeps on (``poll``): LISTEN/NOTIFY on PostgreSQL."""
+        if not listens(self.engine):
+            return nullcontext(Wake(None))
+        if self._notifier is None:
+            with self._notifier_lock:
+                if self._notifier is None:
+                    self._notifier = Notifier(self.engine)
+        return self._notifier.watch(saga_id)
 
     def write(self, body: Callable[[Connection], _T]) -> _T:
         """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
