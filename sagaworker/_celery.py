@@ -20,9 +20,10 @@ Each setting is one of three kinds:
 - **merged**: ``task_queues`` (the app's queues are kept; the default queue, the
   ``sagaworker`` queue and every tool's ``queue`` are added unless the app declares a
   queue of that name itself), ``task_routes`` (a route for ``sagaworker.*`` tasks is
-  appended after the app's) and ``beat_schedule`` (sagaworker's two entries are added
-  unless the app has entries of those names). ``broker_transport_options`` gets the
-  Redis visibility timeout and publisher confirms unless the app set them.
+  appended after the app's) and ``beat_schedule`` (sagaworker's two entries, three with
+  ``SAGAWORKER_RETENTION_DAYS``, are added unless the app has entries of those names).
+  ``broker_transport_options`` gets the Redis visibility timeout and publisher confirms
+  unless the app set them.
 - **defaults** (set only while nobody else set them): ``broker_url``,
   ``task_acks_on_failure_or_timeout = True``, ``broker_connection_retry_on_startup =
   True``, ``worker_cancel_long_running_tasks_on_connection_loss = False``.
@@ -69,6 +70,7 @@ from ._execution import Executor
 from ._flows import Flows
 from ._logging import configure_logging, get_logger
 from ._registry import Registry
+from ._retention import prune
 from ._runtime import Runtime
 from ._settings import Settings
 from ._sweeper import Sweeper
@@ -255,6 +257,10 @@ class CeleryWiring:
                 "task": "sagaworker.orphans", "schedule": 60.0,
                 "options": {"queue": s.queue, "expires": 60.0}},
         }
+        if s.retention_days:
+            ours["sagaworker-retention"] = {
+                "task": "sagaworker.prune", "schedule": 86400.0,
+                "options": {"queue": s.queue, "expires": 3600.0}}
         current = conf.beat_schedule or {}
         if all(k in current for k in ours):
             return
@@ -326,8 +332,13 @@ class CeleryWiring:
         def orphans() -> None:
             sw.sweeper.log_orphans()
 
+        @app.task(name="sagaworker.prune", **common)  # type: ignore[untyped-decorator]
+        def prune_journal() -> int:
+            days = sw.settings.retention_days
+            return 0 if not days else prune(sw.rt.journal, days * 86400.0)
+
         self.tasks = {"saga_failed": saga_failed, "compensate": compensate, "sweep": sweep,
-                      "orphans": orphans, "advance": advance}
+                      "orphans": orphans, "advance": advance, "prune": prune_journal}
 
     # -- worker signals ---------------------------------------------------------
 

@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from ._dialect import aware, is_busy, listens, read_only, supports_dml_cte
@@ -37,7 +47,7 @@ from ._types import (
     SagaStatus,
 )
 
-__all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
+__all__ = ["Journal", "NewEntry", "PruneBatch", "idempotency_key", "now"]
 
 _log = get_logger()
 _NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
@@ -83,6 +93,15 @@ def now() -> datetime:
 def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
     """Stable for one entry and purpose ("execute" or "compensate"), forever."""
     return str(uuid.uuid5(_NS, f"{saga_id}\x00{seq}\x00{purpose}"))
+
+
+@dataclass(frozen=True)
+class PruneBatch:
+    """What one prune transaction deleted: sagas, and rows of every table together."""
+
+    sagas: int
+    rows: int
+    more: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,6 +352,41 @@ class Journal:
         with self.reader.connect() as conn:
             return list(conn.execute(query).all())
 
+
+    # -- retention -----------------------------------------------------------------
+
+    def prune_batch(self, cutoff: datetime, *, include_dirty: bool, batch: int) -> PruneBatch:
+        """Delete up to ``batch`` terminal sagas last changed before ``cutoff``, with their
+        entries and audit rows, in one short transaction.
+
+        Kept unless ``include_dirty``: COMPENSATION_FAILED sagas and sagas with an in-doubt
+        entry. The saga rows are locked first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so
+        a saga someone is writing is left for the next run; SQLite's one writer serializes
+        anyway).
+        """
+        done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
+        if include_dirty:
+            done.append(SagaStatus.COMPENSATION_FAILED.value)
+        due = [sagas.c.status.in_(done), sagas.c.updated_at < cutoff,
+                func.coalesce(sagas.c.finished_at, sagas.c.updated_at) < cutoff]
+        if not include_dirty:
+            due.append(~exists().where(entries.c.saga_id == sagas.c.saga_id,
+                                        entries.c.in_doubt.is_(True)))
+
+        def body(conn: Connection) -> PruneBatch:
+            ids = list(conn.execute(
+                select(sagas.c.saga_id).where(*due).order_by(sagas.c.updated_at)
+                .limit(batch).with_for_update(skip_locked=True)).scalars())
+            if not ids:
+                return PruneBatch(0, 0)
+            # the saga rows are locked (every transition locks its saga row first), so
+            # none of them changes before this commits
+            n_audit = conn.execute(delete(audit).where(audit.c.saga_id.in_(ids))).rowcount
+            n_entries = conn.execute(delete(entries).where(entries.c.saga_id.in_(ids))).rowcount
+            n_sagas = conn.execute(delete(sagas).where(sagas.c.saga_id.in_(ids))).rowcount
+            return PruneBatch(n_sagas, n_sagas + n_entries + n_audit, more=len(ids) == batch)
+
+        return self.write(body)
 
 
 def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
