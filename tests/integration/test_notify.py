@@ -120,12 +120,16 @@ def test_wait_and_sync_saga_wake_on_the_notify(notify_url: str) -> None:
     sw.journal.engine.dispose()
 
 
-def test_the_triggers_notify_outcomes_only(notify_url: str) -> None:
-    """INTENT, claims and other column updates send nothing; an outcome, one notification."""
+def test_the_triggers_notify_outcomes_of_waited_sagas_only(notify_url: str) -> None:
+    """INTENT, claims and other column updates send nothing; an outcome, one notification,
+    and only while somebody waits on the saga (a sagaworker_waiters row)."""
     import psycopg
 
     sw, thing = make_sw(notify_url)
     step = sw.begin(uid("t")).enqueue(thing, 1)
+    other = sw.begin(uid("unwaited")).enqueue(thing, 1)
+    execute(notify_url, "INSERT INTO sagaworker_waiters (saga_id, waiter) VALUES (%s, 'x')",
+            step.saga_id)
     with psycopg.connect(notify_url.replace("postgresql+psycopg", "postgresql"),
                          autocommit=True) as listen:
         listen.execute("LISTEN sagaworker")
@@ -133,11 +137,41 @@ def test_the_triggers_notify_outcomes_only(notify_url: str) -> None:
                 "phase = phase WHERE saga_id = %s", step.saga_id)
         execute(notify_url, "UPDATE sagaworker_sagas SET status = 'RUNNING', "
                 "updated_at = now() WHERE saga_id = %s", step.saga_id)
+        execute(notify_url, EXECUTED, other.saga_id)  # nobody waits on it
+        execute(notify_url, COMPLETED, other.saga_id)
         assert [n.payload for n in listen.notifies(timeout=0.5)] == []
         execute(notify_url, EXECUTED, step.saga_id)
         execute(notify_url, COMPLETED, step.saga_id)
         got = [n.payload for n in listen.notifies(timeout=1.0, stop_after=2)]
     assert got == [step.saga_id, step.saga_id]
+    sw.journal.engine.dispose()
+
+
+def test_waiting_registers_the_saga_and_lets_it_go_after(notify_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting call's saga is in sagaworker_waiters while it waits (and a little after:
+    the next step of a synchronous saga finds it there), then no longer."""
+    import sagaworker._notify as notify
+
+    monkeypatch.setattr(notify, "KEEP_REGISTERED", 0.5)
+    sw, thing = make_sw(notify_url)
+    step = sw.begin(uid("reg")).enqueue(thing, 1)
+
+    def registered() -> bool:
+        import psycopg
+
+        with psycopg.connect(notify_url.replace("postgresql+psycopg", "postgresql")) as c:
+            row = c.execute("SELECT count(*) FROM sagaworker_waiters WHERE saga_id = %s",
+                            (step.saga_id,)).fetchone()
+            return bool(row and row[0])
+
+    t, _ = later(notify_url, EXECUTED, step.saga_id, 1.0)
+    seen: list[bool] = []
+    threading.Timer(0.7, lambda: seen.append(registered())).start()
+    assert step.result(timeout=10) == 42
+    t.join()
+    assert seen == [True]
+    assert wait_until(lambda: not registered(), 5), "the registration stayed"
     sw.journal.engine.dispose()
 
 
@@ -170,8 +204,8 @@ def test_a_lost_listener_connection_falls_back_then_listens_again(notify_url: st
     assert wait_until(lambda: sw.journal._notifier is not None
                       and notifier(sw).listening, 5)
     execute(notify_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query = 'LISTEN sagaworker' "
-            "AND pid <> pg_backend_pid()")
+            "WHERE datname = current_database() "
+            "AND application_name = 'sagaworker-listener'")
     assert wait_until(lambda: not notifier(sw).listening, 5)
     execute(notify_url, EXECUTED, step.saga_id)
     done = time.monotonic()
