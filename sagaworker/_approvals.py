@@ -96,7 +96,7 @@ class Gate:
     def pending(self) -> list[ApprovalRequest]:
         """Open gates of sagas never asked to fail (a failing saga's gates are closed)."""
         signer = self.signer
-        with self.rt.journal.engine.connect() as conn:
+        with self.rt.journal.reader.connect() as conn:
             rows = conn.execute(select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
                 entries.c.phase == Phase.AWAITING_APPROVAL.value,

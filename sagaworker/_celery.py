@@ -20,9 +20,10 @@ Each setting is one of three kinds:
 - **merged**: ``task_queues`` (the app's queues are kept; the default queue, the
   ``sagaworker`` queue and every tool's ``queue`` are added unless the app declares a
   queue of that name itself), ``task_routes`` (a route for ``sagaworker.*`` tasks is
-  appended after the app's) and ``beat_schedule`` (sagaworker's two entries are added
-  unless the app has entries of those names). ``broker_transport_options`` gets the
-  Redis visibility timeout and publisher confirms unless the app set them.
+  appended after the app's) and ``beat_schedule`` (sagaworker's two entries, three with
+  ``SAGAWORKER_RETENTION_DAYS``, are added unless the app has entries of those names).
+  ``broker_transport_options`` gets the Redis visibility timeout and publisher confirms
+  unless the app set them.
 - **defaults** (set only while nobody else set them): ``broker_url``,
   ``task_acks_on_failure_or_timeout = True``, ``broker_connection_retry_on_startup =
   True``, ``worker_cancel_long_running_tasks_on_connection_loss = False``.
@@ -69,6 +70,7 @@ from ._execution import Executor
 from ._flows import Flows
 from ._logging import configure_logging, get_logger
 from ._registry import Registry
+from ._retention import prune
 from ._runtime import Runtime
 from ._settings import Settings
 from ._sweeper import Sweeper
@@ -76,6 +78,8 @@ from ._sweeper import Sweeper
 # kombu loads the class by this path for redis:// brokers (see _redis.py). Not for
 # rediss://: kombu turns on TLS by that scheme name, and a class path has no scheme
 REDIS_TRANSPORT = "sagaworker._redis:Transport"
+#: kombu's filesystem transport, writing each message atomically (``_fsbroker``)
+FILESYSTEM_TRANSPORT = "sagaworker._fsbroker:Transport"
 SCHEMES = ("redis",)
 
 __all__ = ["DEAD_LETTER_QUEUE", "CeleryWiring", "Host"]
@@ -156,6 +160,8 @@ class CeleryWiring:
             # kombu's Redis transport, with its connection-loss crash made recoverable
             conf.broker_transport = REDIS_TRANSPORT
         if str(conf.broker_url).startswith("filesystem"):
+            if not conf.broker_transport:
+                conf.broker_transport = FILESYSTEM_TRANSPORT
             folder = os.path.abspath(s.broker_folder)
             for sub in ("out", "processed", "control"):
                 os.makedirs(os.path.join(folder, sub), exist_ok=True)
@@ -251,6 +257,10 @@ class CeleryWiring:
                 "task": "sagaworker.orphans", "schedule": 60.0,
                 "options": {"queue": s.queue, "expires": 60.0}},
         }
+        if s.retention_days:
+            ours["sagaworker-retention"] = {
+                "task": "sagaworker.prune", "schedule": 86400.0,
+                "options": {"queue": s.queue, "expires": 3600.0}}
         current = conf.beat_schedule or {}
         if all(k in current for k in ours):
             return
@@ -322,8 +332,13 @@ class CeleryWiring:
         def orphans() -> None:
             sw.sweeper.log_orphans()
 
+        @app.task(name="sagaworker.prune", **common)  # type: ignore[untyped-decorator]
+        def prune_journal() -> int:
+            days = sw.settings.retention_days
+            return 0 if not days else prune(sw.rt.journal, days * 86400.0)
+
         self.tasks = {"saga_failed": saga_failed, "compensate": compensate, "sweep": sweep,
-                      "orphans": orphans, "advance": advance}
+                      "orphans": orphans, "advance": advance, "prune": prune_journal}
 
     # -- worker signals ---------------------------------------------------------
 

@@ -21,6 +21,7 @@ from ._machine import Machine
 from ._messages import CeleryBus
 from ._producer import Producer
 from ._registry import Registry, ToolSpec
+from ._retention import prune
 from ._runtime import Runtime
 from ._saga import Saga, SyncSaga, run_sync
 from ._settings import Settings
@@ -222,6 +223,11 @@ class Sagaworker:
         """INTENT entries with no outcome older than ``older_than`` seconds."""
         return self.sweeper.orphans(self.settings.orphan_after if older_than is None
                                     else older_than)
+
+    def prune(self, older_than: float, *, include_dirty: bool = False,
+              batch: int = 1000) -> int:
+        """Delete terminal sagas older than ``older_than`` seconds, in batches (SPEC 9)."""
+        return prune(self.journal, older_than, include_dirty=include_dirty, batch=batch)
 
     # -- approvals --------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,8 +12,11 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
 from sqlalchemy.types import DateTime, Float
 
-__all__ = ["aware", "db_later", "db_now", "make_engine", "normalize_url", "seconds_between",
-           "supports_dml_cte"]
+__all__ = ["READ_ONLY", "aware", "db_later", "db_now", "is_busy", "listens", "make_engine",
+           "normalize_url", "read_only", "seconds_between", "single_writer", "supports_dml_cte"]
+
+#: execution option of connections that only read (on SQLite: no write lock, see below)
+READ_ONLY = "sagaworker_read_only"
 
 
 def normalize_url(url: str) -> str:
@@ -37,11 +41,24 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
 
 
+def read_only(engine: Engine) -> Engine:
+    """The same engine (same pool) for transactions that only read.
+
+    On SQLite they open a plain (deferred) ``BEGIN``: a WAL reader, which takes no write
+    lock, never waits for a writer and never makes one wait, and still reads one
+    consistent snapshot for the whole transaction. Elsewhere the option changes nothing.
+    A transaction on it must not write: it would take the lock late, and fail as busy
+    when another writer committed since its snapshot.
+    """
+    return engine.execution_options(**{READ_ONLY: True})
+
+
 def _sqlite_immediate_transactions(engine: Engine) -> None:
     # pysqlite opens transactions lazily and as DEFERRED, so two processes that both
     # read then write deadlock into "database is locked". BEGIN IMMEDIATE takes the
     # write lock up front (the SQLite analogue of our SELECT ... FOR UPDATE), and WAL
     # lets readers go on meanwhile. See the SQLAlchemy pysqlite "serializable" recipe.
+    # Connections of ``read_only(engine)`` only read: a deferred BEGIN, no write lock.
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _rec: Any) -> None:
         dbapi_conn.isolation_level = None
@@ -53,7 +70,37 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        reads = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if reads else "BEGIN IMMEDIATE")
+
+
+#: SQLITE_BUSY and SQLITE_LOCKED (the primary codes; extended codes keep them in the low byte)
+_SQLITE_BUSY_CODES = frozenset({5, 6})
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Another writer held SQLite's write lock past the busy timeout (``database is locked``).
+
+    Nothing was written by the transaction that got it, so it can be replayed.
+    """
+    orig = getattr(exc, "orig", exc)
+    if not isinstance(orig, sqlite3.OperationalError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _SQLITE_BUSY_CODES
+    text = str(orig)
+    return "database is locked" in text or "database is busy" in text
+
+
+def listens(engine: Engine) -> bool:
+    """PostgreSQL tells listeners when a saga changes (``LISTEN/NOTIFY``, ``_notify``)."""
+    return engine.dialect.name == "postgresql"
+
+
+def single_writer(engine: Engine) -> bool:
+    """One writer at a time for the whole database (SQLite): long jobs leave gaps."""
+    return engine.dialect.name == "sqlite"
 
 
 def supports_dml_cte(conn: Any) -> bool:

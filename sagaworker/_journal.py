@@ -9,19 +9,32 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from ._dialect import aware, supports_dml_cte
+from ._dialect import aware, is_busy, listens, read_only, supports_dml_cte
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
 from ._logging import get_logger
+from ._notify import Notifier, Wake
 from ._schema import audit, entries, metadata, sagas
 from ._types import (
     OPEN,
@@ -34,7 +47,7 @@ from ._types import (
     SagaStatus,
 )
 
-__all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
+__all__ = ["Journal", "NewEntry", "PruneBatch", "idempotency_key", "now"]
 
 _log = get_logger()
 _NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
@@ -44,6 +57,8 @@ _T = TypeVar("_T")
 _P = ParamSpec("_P")
 #: how long a worker-side transaction is retried while the database is unreachable
 DB_RETRY_SECONDS = 60.0
+#: how long a producer write is replayed while SQLite stays busy (after its busy timeout)
+BUSY_RETRY_SECONDS = 5.0
 
 
 def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
@@ -81,6 +96,15 @@ def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
 
 
 @dataclass(frozen=True)
+class PruneBatch:
+    """What one prune transaction deleted: sagas, and rows of every table together."""
+
+    sagas: int
+    rows: int
+    more: bool = False
+
+
+@dataclass(frozen=True)
 class NewEntry:
     tool_name: str
     args: list[Any]
@@ -96,31 +120,63 @@ class Journal:
     """Repository over the sagaworker tables."""
 
     def __init__(self, engine: Engine) -> None:
+        #: write transactions (``BEGIN IMMEDIATE`` on SQLite)
         self.engine = engine
+        #: read-only transactions: the same pool; on SQLite WAL readers, no write lock
+        self.reader = read_only(engine)
+        self._notifier: Notifier | None = None
+        self._notifier_lock = threading.Lock()
+
+    def watch(self, saga_id: str) -> AbstractContextManager[Wake]:
+        """What a call waiting on a saga sleeps on (``poll``): LISTEN/NOTIFY on PostgreSQL."""
+        if not listens(self.engine):
+            return nullcontext(Wake(None))
+        if self._notifier is None:
+            with self._notifier_lock:
+                if self._notifier is None:
+                    self._notifier = Notifier(self.engine)
+        return self._notifier.watch(saga_id)
 
     def write(self, body: Callable[[Connection], _T]) -> _T:
-        """Run ``body`` in a write transaction, replayed once on a lost connection.
+        """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
 
-        Only a failure *before* COMMIT is replayed (nothing was written then); a failure
-        during COMMIT propagates, since replaying an insert whose commit may have landed
-        could journal a step twice.
+        Replayed: a lost connection (once), and a busy SQLite (``database is locked``:
+        another writer held the lock past the busy timeout) on a short backoff, for at
+        most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
+        *during* COMMIT propagates, since replaying an insert whose commit may have
+        landed could journal a step twice.
         """
-        for attempt in (1, 2):
-            with self.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    value = body(conn)
-                except (OperationalError, InterfaceError):
-                    trans.rollback()
-                    if attempt == 2:
+        lost_replayed = False
+        busy_until: float | None = None
+        delay = 0.01
+        while True:
+            committing = False
+            try:
+                with self.engine.connect() as conn:
+                    trans = conn.begin()  # BEGIN IMMEDIATE on SQLite: may itself be busy
+                    try:
+                        value = body(conn)
+                    except BaseException:
+                        trans.rollback()
                         raise
-                    continue
-                except BaseException:
-                    trans.rollback()
+                    committing = True
+                    trans.commit()
+                    return value
+            except (OperationalError, InterfaceError) as exc:
+                if committing:
                     raise
-                trans.commit()
-                return value
-        raise AssertionError("unreachable")
+                if is_busy(exc):
+                    t = time.monotonic()
+                    busy_until = t + BUSY_RETRY_SECONDS if busy_until is None else busy_until
+                    if t + delay > busy_until:
+                        raise
+                    _log.info("database_busy", retry_in_s=round(delay, 3))
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                if lost_replayed:
+                    raise
+                lost_replayed = True
 
     def create_all(self) -> None:
         metadata.create_all(self.engine)
@@ -237,12 +293,12 @@ class Journal:
     # -- reads -------------------------------------------------------------------
 
     def saga_row(self, saga_id: str) -> Any:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
 
     def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
         """One read: the saga row and its entries in seq order."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
                 return None, []
@@ -256,12 +312,12 @@ class Journal:
                          .values(advanced_at=now(), resends=0, resend_at=None))
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
                                                       entries.c.seq == seq)).first()
 
     def inspect(self, saga_id: str) -> SagaRecord:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
@@ -271,7 +327,7 @@ class Journal:
         return to_saga_record(saga, rows)
 
     def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
             if status is not None:
                 q = q.where(sagas.c.status == SagaStatus(status).value)
@@ -286,15 +342,51 @@ class Journal:
 
     def orphans(self, older_than: float) -> list[Any]:
         cutoff = now() - timedelta(seconds=older_than)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(
                 select(entries).where(entries.c.phase == Phase.INTENT.value,
                                       entries.c.created_at < cutoff)
                 .order_by(entries.c.created_at)).all())
 
     def stale(self, query: Any) -> list[Any]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(query).all())
+
+
+    # -- retention -----------------------------------------------------------------
+
+    def prune_batch(self, cutoff: datetime, *, include_dirty: bool, batch: int) -> PruneBatch:
+        """Delete up to ``batch`` terminal sagas last changed before ``cutoff``, with their
+        entries and audit rows, in one short transaction.
+
+        Kept unless ``include_dirty``: COMPENSATION_FAILED sagas and sagas with an in-doubt
+        entry. The saga rows are locked first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so
+        a saga someone is writing is left for the next run; SQLite's one writer serializes
+        anyway).
+        """
+        done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
+        if include_dirty:
+            done.append(SagaStatus.COMPENSATION_FAILED.value)
+        due = [sagas.c.status.in_(done), sagas.c.updated_at < cutoff,
+                func.coalesce(sagas.c.finished_at, sagas.c.updated_at) < cutoff]
+        if not include_dirty:
+            due.append(~exists().where(entries.c.saga_id == sagas.c.saga_id,
+                                        entries.c.in_doubt.is_(True)))
+
+        def body(conn: Connection) -> PruneBatch:
+            ids = list(conn.execute(
+                select(sagas.c.saga_id).where(*due).order_by(sagas.c.updated_at)
+                .limit(batch).with_for_update(skip_locked=True)).scalars())
+            if not ids:
+                return PruneBatch(0, 0)
+            # the saga rows are locked (every transition locks its saga row first), so
+            # none of them changes before this commits
+            n_audit = conn.execute(delete(audit).where(audit.c.saga_id.in_(ids))).rowcount
+            n_entries = conn.execute(delete(entries).where(entries.c.saga_id.in_(ids))).rowcount
+            n_sagas = conn.execute(delete(sagas).where(sagas.c.saga_id.in_(ids))).rowcount
+            return PruneBatch(n_sagas, n_sagas + n_entries + n_audit, more=len(ids) == batch)
+
+        return self.write(body)
 
 
 def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:

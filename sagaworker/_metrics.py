@@ -36,7 +36,7 @@ class JournalCollector(Collector):
         self.rt = rt
 
     def collect(self) -> Iterator[Any]:
-        eng = self.rt.journal.engine
+        eng = self.rt.journal.reader  # a read: on SQLite no write lock
         with eng.connect() as conn:
             steps = conn.execute(select(entries.c.tool_name, entries.c.phase, func.count())
                                  .group_by(entries.c.tool_name, entries.c.phase)).all()

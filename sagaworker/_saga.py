@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import ApprovalRejected, SagaworkerError, ToolFailed
+from ._notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from ._producer import Producer
 from ._runtime import Runtime
 from ._types import TERMINAL, Phase, SagaResult, SagaStatus
@@ -14,19 +15,29 @@ from ._types import TERMINAL, Phase, SagaResult, SagaStatus
 __all__ = ["Saga", "Step", "SyncSaga", "poll"]
 
 
-def poll(check: Callable[[], Any], timeout: float | None, what: str) -> Any:
-    """Call ``check`` until it returns something not None, backing off to 50 ms."""
+def poll(check: Callable[[], Any], timeout: float | None, what: str,
+         wake: Wake | None = None) -> Any:
+    """Call ``check`` until it returns something not None.
+
+    With a ``wake`` that is listening (PostgreSQL ``LISTEN/NOTIFY``, ``Journal.watch``)
+    it sleeps until the saga changes, reading again at least every ``SAFETY_POLL``
+    seconds; otherwise it backs off from 5 ms to 50 ms.
+    """
+    wake = wake or Wake(None)
     deadline = None if timeout is None else time.monotonic() + timeout
-    delay = 0.005
+    delay = FIRST_DELAY
     while True:
+        wake.arm()  # before the read: a change committed after it wakes the sleep below
         got = check()
         if got is not None:
             return got
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was changed")
-        time.sleep(delay if deadline is None else max(0.0, min(delay,
-                                                                 deadline - time.monotonic())))
-        delay = min(delay * 1.5, 0.05)
+        pause = SAFETY_POLL if wake.listening else delay
+        if deadline is not None:
+            pause = max(0.0, min(pause, deadline - time.monotonic()))
+        wake.sleep(pause)
+        delay = min(delay * 1.5, MAX_DELAY)
 
 
 class Step:
@@ -50,7 +61,9 @@ class Step:
             row = self.rt.journal.entry_row(self.saga_id, self.seq)
             return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
 
-        row = poll(check, timeout, f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}")
+        with self.rt.journal.watch(self.saga_id) as wake:
+            row = poll(check, timeout,
+                       f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}", wake)
         phase = Phase(row.phase)
         if phase is Phase.EXECUTED:
             return row.result
@@ -108,7 +121,8 @@ class Saga:
             row = self.rt.journal.saga_row(self.saga_id)
             return row if row is not None and SagaStatus(row.status) in TERMINAL else None
 
-        row = poll(check, timeout, f"saga {self.saga_id!r}")
+        with self.rt.journal.watch(self.saga_id) as wake:
+            row = poll(check, timeout, f"saga {self.saga_id!r}", wake)
         rec = self.rt.journal.inspect(self.saga_id)
         return SagaResult(saga_id=self.saga_id, status=rec.status, value=row.result,
                           error=None if rec.status is SagaStatus.COMPLETED else rec.reason,
@@ -170,4 +184,5 @@ def _settle(rt: Runtime, saga_id: str, timeout: float) -> None:
         busy = any(e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL) for e in rec.entries)
         return None if busy else True
 
-    poll(check, timeout, f"the steps of saga {saga_id!r}")
+    with rt.journal.watch(saga_id) as wake:
+        poll(check, timeout, f"the steps of saga {saga_id!r}", wake)

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     sweep_interval: float = Field(default=15, ge=0)
     #: Prometheus metrics port a worker serves (0: off)
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: beat prunes terminal sagas older than this many days, daily (None: never)
+    retention_days: int | None = Field(default=None, gt=0)
     #: filesystem broker folder (embedded default only)
     broker_folder: str = ".sagaworker/broker"
 
@@ -92,6 +94,11 @@ class Settings(BaseSettings):
 
             parse_keys(raw)  # ConfigurationError saying how to make a key
         return v
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("log_level")
     @classmethod

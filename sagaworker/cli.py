@@ -253,7 +253,7 @@ def abort(c: Ctx, saga_id: str, reason: str, actor: str | None) -> None:
 
 @main.group()
 def db() -> None:
-    """Journal schema."""
+    """Journal schema and retention."""
 
 
 @db.command()
@@ -303,6 +303,32 @@ def rotate_key(c: Ctx, database_url: str | None, batch: int) -> None:
     except SagaworkerError as exc:
         refuse(str(exc))
     click.echo(f"re-encrypted {n} rows with the first key of SAGAWORKER_ENCRYPTION_KEYS")
+
+
+@db.command()
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="age of the sagas to delete: 30d, 12h, 90m, 45s or seconds")
+@click.option("--include-dirty", is_flag=True, help="also COMPENSATION_FAILED sagas and "
+              "sagas with an in-doubt step (kept by default: someone must look at them)")
+@click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="sagas deleted per transaction")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_ctx
+def prune(c: Ctx, older_than: str, include_dirty: bool, batch: int, as_json: bool) -> None:
+    """Delete terminal sagas older than AGE, with their entries, in short batches."""
+    from ._retention import parse_age
+
+    try:
+        seconds = parse_age(older_than)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from exc
+    n = c.sw.prune(seconds, include_dirty=include_dirty, batch=batch)
+    if as_json:
+        click.echo(to_json({"pruned": n, "older_than_s": seconds,
+                            "include_dirty": include_dirty}))
+    else:
+        click.echo(f"pruned {n} saga(s) finished more than {older_than} ago"
+                   + ("" if include_dirty else " (dirty and in-doubt sagas kept)"))
 
 
 @main.command()
