@@ -104,7 +104,7 @@ class Cluster:
         self.workers: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start_worker(self, concurrency: int = 2, pool: str = "prefork",
-                     **extra_env: str) -> subprocess.Popen[bytes]:
+                     args: tuple[str, ...] = (), **extra_env: str) -> subprocess.Popen[bytes]:
         from sagaworker._demo import start_worker
 
         n = len(self.workers) + 1
@@ -112,7 +112,7 @@ class Cluster:
         proc = start_worker("tests.app", worker_env(self.settings, self.default_queue,
                                                      **extra_env),
                             log, concurrency=concurrency, pool=pool,
-                            extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h"))
+                            extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h", *args))
         self.workers.append((proc, log))
         return proc
 
