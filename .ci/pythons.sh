@@ -12,7 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 find_python() {  # X.Y -> prints the path of a working pythonX.Y
-  local v=$1 c root=${PYENV_ROOT:-$HOME/.pyenv}
+  local v=$1 c root
+  root=${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}
   local check="import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$v'.split('.'))))"
   if c=$(command -v "python$v") && "$c" -c "$check" >/dev/null 2>&1; then
     echo "$c"; return 0
