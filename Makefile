@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench faults fuzz clean venv web browser
+.PHONY: demo test lint bench faults fuzz clean venv web browser pythons lowest
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -24,6 +24,15 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# the unit tests on the other Pythons pyproject claims (.venv-3.12, .venv-3.13); a missing
+# interpreter is skipped, except with CI=true (the machine image has them: .ci/pythons.sh)
+pythons:
+	bash .ci/pythons.sh 3.12 3.13
+
+# the unit tests with the lowest versions pyproject's ranges allow (.venv-lowest, on $(PY))
+lowest:
+	PY=$(PY) bash .ci/lowest.sh
 
 faults: $(STAMP)
 	FAULT_SCALE=large $(BIN)/pytest tests/faults
@@ -45,4 +54,4 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-3.* .venv-lowest .pytest_cache .mypy_cache .ruff_cache *.egg-info

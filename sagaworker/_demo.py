@@ -18,11 +18,12 @@ __all__ = ["run_demo", "start_worker"]
 
 
 def start_worker(app: str, env: dict[str, str], log: Path, *, concurrency: int = 2,
-                 timeout: float = 60, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """Start `celery -A app worker` and wait until it logs that it is ready."""
+                 timeout: float = 60, extra: tuple[str, ...] = (),
+                 pool: str = "prefork") -> subprocess.Popen[bytes]:
+    """Start `celery -A app worker -P pool` and wait until it logs that it is ready."""
     out = open(log, "ab")  # noqa: SIM115 - the worker owns it until it exits
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork",
+        [sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool,
          "-c", str(concurrency), "--loglevel=INFO", "--without-gossip", "--without-mingle",
          *extra], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout

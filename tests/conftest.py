@@ -105,15 +105,16 @@ class Cluster:
         self.app, self.sw = build(settings)
         self.workers: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start_worker(self, concurrency: int = 2, **extra_env: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, concurrency: int = 2, pool: str = "prefork",
+                     args: tuple[str, ...] = (), **extra_env: str) -> subprocess.Popen[bytes]:
         from sagaworker._demo import start_worker
 
         n = len(self.workers) + 1
         log = self.tmp / f"worker{n}.log"
         proc = start_worker("tests.app", worker_env(self.settings, self.default_queue,
                                                      **extra_env),
-                            log, concurrency=concurrency,
-                            extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h"))
+                            log, concurrency=concurrency, pool=pool,
+                            extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h", *args))
         self.workers.append((proc, log))
         return proc
 
