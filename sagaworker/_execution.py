@@ -20,7 +20,7 @@ from ._journal import idempotency_key
 from ._logging import get_logger
 from ._machine import Held, Start, new_token, worker_label
 from ._messages import ENVELOPE
-from ._redact import error_text
+from ._redact import error_text, scrub_text, secret_values
 from ._registry import ToolSpec
 from ._runtime import Runtime
 from ._types import OPEN, SagaStatus
@@ -146,6 +146,7 @@ class Executor:
             # The attempt ended (it raised): not in doubt. Celery now retries it or gives
             # up and calls on_failure, which journals FAILED (fenced by this token).
             self.heartbeat.drop(held)
+            _scrub_exception(exc, spec, args, kwargs, rt.settings.redact_keys)
             status = rt.machine.release(saga_id, seq, token, error_text(
                 exc, spec.signature, args, kwargs, rt.settings.redact_keys))
             self.raised[task.request.id] = (saga_id, seq, token)
@@ -228,6 +229,18 @@ class Executor:
             self.rt.bus.send_failure(saga_id, reason)
         elif status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)
+
+
+def _scrub_exception(exc: BaseException, spec: ToolSpec, args: Any, kwargs: Any,
+                     keys: frozenset[str]) -> None:
+    """Redacted argument values out of the exception itself, before Celery sees it: its
+    task-failed event (Flower, ``celery events``) and retry lines carry the exception's repr
+    and traceback, which no log filter reaches."""
+    if not keys:
+        return
+    values = secret_values(spec.signature, args, kwargs, keys)
+    if values:
+        exc.args = tuple(scrub_text(a, values) if isinstance(a, str) else a for a in exc.args)
 
 
 def _envelope(env: Any) -> tuple[str, int]:

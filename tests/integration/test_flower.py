@@ -169,11 +169,6 @@ def test_flower_lists_tool_tasks_with_redacted_arguments(flower_cluster: FlowerC
         assert where(answers, s) == [], "a secret is in Flower's API"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the worker's task-failed event carries the tool's exception repr and traceback "
-    "unredacted (Celery's Request.on_failure: exception=safe_repr(exc), traceback=...), "
-    "so a card quoted in a failing tool's error text shows in Flower's exception and "
-    "traceback fields; its args/kwargs are redacted"))
 def test_a_failing_tool_quoting_its_card_leaves_no_trace_in_flower(
         flower_cluster: FlowerCluster) -> None:
     """The failing tool's error quotes the card (given by keyword): its args/kwargs are
