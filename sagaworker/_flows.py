@@ -21,8 +21,8 @@ from ._canonical import args_digest, check_json
 from ._errors import ApprovalRejected, BadInput, ConfigurationError, SagaworkerError, ToolFailed
 from ._logging import get_logger
 from ._producer import Producer
+from ._redact import redact_call, scrub_text, secret_values
 from ._runtime import Runtime
-from ._schema import sagas
 from ._types import OPEN, Phase, SagaStatus
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
@@ -103,10 +103,11 @@ class FlowContext:
             except (TypeError, ValueError):
                 digest = "(not JSON)"
             if row.tool_name != spec.name or row.args_digest != digest:
+                rt = self._producer.rt
                 raise _Diverged(
                     f"flow diverged at step {row.seq}: the journal holds {row.tool_name}"
-                    f"{_show(row.args, row.kwargs)}, the replay asked for {spec.name}"
-                    f"{_show(list(args), kwargs)}")
+                    f"{_show(rt, row.tool_name, row.args, row.kwargs)}, the replay asked for "
+                    f"{spec.name}{_show(rt, spec.name, list(args), kwargs)}")
         else:
             self.new.append((tool, args, kwargs))
         return FlowHandle(pos)
@@ -139,7 +140,11 @@ class FlowContext:
         return self._cursor
 
 
-def _show(args: Any, kwargs: Any) -> str:
+def _show(rt: Runtime, tool: str, args: Any, kwargs: Any) -> str:
+    """A call as people read it in a reason or a log line: redacted (SAGAWORKER_REDACT)."""
+    spec = rt.registry.tool(tool)
+    args, kwargs = redact_call(spec.signature if spec is not None else None, args or [],
+                               kwargs or {}, rt.settings.redact_keys)
     parts = [repr(a) for a in (args or [])] + [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
     text = f"({', '.join(parts)})"
     return text if len(text) <= 200 else text[:197] + "...)"
@@ -174,7 +179,6 @@ class Flows:
         import importlib
 
         for spec in self.specs.values():
-            mod, _, qual = spec.name.rpartition(".")
             fn = spec.fn
             try:
                 obj: Any = importlib.import_module(fn.__module__)
@@ -184,7 +188,6 @@ class Flows:
                 raise ConfigurationError(
                     f"flow {spec.name!r} cannot be imported by its name ({exc}); declare it at "
                     "module level in a module every worker imports") from exc
-            del mod, qual, obj
 
     def start(self, saga_id: str, flow: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               metadata: dict[str, Any] | None, deadline: float | None) -> None:
@@ -226,7 +229,7 @@ class Flows:
             # journaling the next steps also stamps advanced_at (one transaction); a replay
             # that only waits on a running step or a gate stamps it alone
             if ctx.new:
-                self._journal_new(saga_id, ctx, len(rows), saga.last_seq)
+                self._journal_new(saga_id, ctx, saga.last_seq)
             else:
                 j.mark_advanced(saga_id)
             return
@@ -236,19 +239,22 @@ class Flows:
         except SagaworkerError as exc:
             if isinstance(exc, ToolFailed):
                 return  # that step's failure already fails the saga
-            self._fail(saga_id, f"{type(exc).__name__}: {exc}")
+            self._fail(saga_id, self._scrubbed(spec, saga, f"{type(exc).__name__}: {exc}"))
             return
         except Exception as exc:
-            self._fail(saga_id, f"the flow raised {type(exc).__name__}: {exc}")
+            self._fail(saga_id, self._scrubbed(
+                spec, saga, f"the flow raised {type(exc).__name__}: {exc}"))
             return
         if ctx.new:  # enqueued, never awaited: journal them; the flow ends when they do
-            self._journal_new(saga_id, ctx, len(rows), saga.last_seq)
+            self._journal_new(saga_id, ctx, saga.last_seq)
             return
         if ctx.consumed < len(rows):
             row = rows[ctx.consumed]
             self._fail(saga_id, f"flow diverged at step {row.seq}: the journal holds "
-                                f"{row.tool_name}{_show(row.args, row.kwargs)}, the replay "
-                                "returned before asking for it", event="flow_diverged")
+                                f"{row.tool_name}"
+                                f"{_show(self.rt, row.tool_name, row.args, row.kwargs)}, "
+                                "the replay returned before asking for it",
+                       event="flow_diverged")
             return
         try:
             check_json(value, f"the return value of flow {spec.name!r}")
@@ -265,7 +271,7 @@ class Flows:
             return
         log.info("saga_completed", flow=spec.name)
 
-    def _journal_new(self, saga_id: str, ctx: FlowContext, seen: int, last_seq: int) -> None:
+    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int) -> None:
         if not ctx.new:
             return
         try:
@@ -275,7 +281,16 @@ class Flows:
             self._fail(saga_id, str(exc))
         except SagaworkerError as exc:
             log.info("flow_not_advanced", detail=str(exc))
-        del seen
+
+    def _scrubbed(self, spec: FlowSpec, saga: Any, text: str) -> str:
+        """An error the flow's code raised, without the values of its redacted parameters
+        (the reason is journaled and logged)."""
+        keys = self.rt.settings.redact_keys
+        if not keys:
+            return text
+        values = secret_values(inspect.signature(spec.fn), [None, *(saga.flow_args or [])],
+                               saga.flow_kwargs or {}, keys)
+        return scrub_text(text, values)
 
     def _fail(self, saga_id: str, reason: str, *, event: str | None = None) -> None:
         if event == "flow_diverged":
@@ -284,7 +299,3 @@ class Flows:
             self.producer.fail(saga_id, reason)
         except SagaworkerError as exc:
             log.info("flow_fail_refused", detail=str(exc))
-
-    def stale(self) -> Any:
-        """Flows RUNNING with no step in flight and no recent advance (a lost advance)."""
-        return sagas.c.flow.is_not(None)

@@ -269,7 +269,7 @@ class Machine:
         t = now()
         with self.j.engine.begin() as conn:
             if supports_dml_cte(conn):
-                got = conn.execute(_executed_stmt(), {
+                got = conn.execute(_EXECUTED_STMT, {
                     "p_saga": saga_id, "p_seq": seq, "p_t": t, "p_result": result,
                     "p_ms": duration_ms, "p_token": token}).first()
                 if got is not None:
@@ -431,17 +431,13 @@ class Machine:
             if saga is None:
                 return False, UndoState(UndoClaim.NOT_COMPENSATING)
             recorded = self._record(conn, saga_id, seq, result, detail, attempts, token)
-            return recorded, self._claim_undo(conn, saga_id, next_token,
-                                              self.j.lock_saga(conn, saga_id))
+            # recording changes neither the status nor the reason: the locked row serves
+            return recorded, self._claim_undo(conn, saga_id, next_token, saga)
 
     def _record(self, conn: Any, saga_id: str, seq: int, result: OutcomeResult,
                 detail: str | None, attempts: int | None, token: str) -> bool:
         """Moves ``record``/``skip``/``give_up``: once; True also for our own replay."""
-        row = self.j.entry(conn, saga_id, seq)
-        if row is None or row.undo_token != token:
-            return False
-        if row.compensation is not None:
-            return True  # our own outcome, whose COMMIT reply was lost
+        # the report's order first (a miss below leaves a harmless gap in the counter)
         order = conn.execute(
             update(sagas).where(sagas.c.saga_id == saga_id)
             .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
@@ -453,7 +449,11 @@ class Machine:
                              compensation=result.value, compensation_detail=detail,
                              compensated_at=now(), comp_lease_until=None, comp_order=order,
                              **extra)
-        return bool(n == 1)
+        if n:
+            return True
+        row = self.j.entry(conn, saga_id, seq)  # only on a miss: our own replayed outcome?
+        return bool(row is not None and row.undo_token == token
+                    and row.compensation is not None)
 
     def _claim_undo(self, conn: Any, saga_id: str, token: str, saga: Any) -> UndoState:
         if saga is None or saga.status != SagaStatus.COMPENSATING.value:
@@ -568,10 +568,6 @@ class Machine:
             self.j.audit(conn, saga_id, None, "retry_compensation", actor,
                          f"re-running undos of steps {seqs}")
             return seqs
-
-
-def _executed_stmt() -> Any:
-    return _EXECUTED_STMT
 
 
 def _build_executed_stmt() -> Any:

@@ -113,3 +113,25 @@ def test_deadline_and_idle(flow_sw: tuple[Sagaworker, FlowBus]) -> None:
         "saga_deadline_passed"]
     assert sw.inspect("a-1").reason == "deadline passed"
     assert ("failure", "a-1", "deadline passed") in bus.messages
+
+
+def leaky(s: FlowContext, order: str, card: str) -> None:
+    """A flow whose own error quotes its card."""
+    raise ValueError(f"order {order}: card {card} refused")
+
+
+def test_a_flow_error_journals_no_redacted_value(tmp_path: Path) -> None:
+    """The reason a raising flow fails with (journaled, logged) loses the values of its
+    redacted parameters; the journal keeps the flow's real arguments."""
+    card = "4242-4242-4242-4242"
+    sw = Sagaworker(Celery("leak", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://", redact="card"))
+    sw.flow()(leaky)
+    sw.rt.bus = FlowBus(["l-1"])
+    sw.start("l-1", leaky, "o-1", card)
+    with capture_logs() as logs:
+        sw.flows.advance("l-1")
+    rec = sw.inspect("l-1")
+    assert rec.reason == "the flow raised ValueError: order o-1: card [REDACTED] refused"
+    assert rec.flow_args == ["o-1", card]
+    assert card not in repr(logs)
