@@ -64,7 +64,10 @@ class Sweeper:
         base = self.rt.settings.relay_after
         due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
         with self.rt.journal.engine.connect() as conn:
-            found = conn.execute(select(table).where(where, due).limit(_BATCH)).all()
+            # a stable order (oldest key first): a resend pass is reproducible, and a long
+            # backlog is worked through rather than sampled by the heap's order
+            found = conn.execute(select(table).where(where, due)
+                                 .order_by(*[table.c[k] for k in keys]).limit(_BATCH)).all()
         taken = []
         for r in found:
             delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
