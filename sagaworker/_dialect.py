@@ -13,7 +13,7 @@ from sqlalchemy.sql.functions import GenericFunction
 from sqlalchemy.types import DateTime, Float
 
 __all__ = ["READ_ONLY", "aware", "db_later", "db_now", "is_busy", "listens", "make_engine",
-           "normalize_url", "read_only", "seconds_between", "single_writer", "supports_dml_cte"]
+           "normalize_url", "read_only", "seconds_between", "single_writer"]
 
 #: execution option of connections that only read (on SQLite: no write lock, see below)
 READ_ONLY = "sagaworker_read_only"
@@ -101,11 +101,6 @@ def listens(engine: Engine) -> bool:
 def single_writer(engine: Engine) -> bool:
     """One writer at a time for the whole database (SQLite): long jobs leave gaps."""
     return engine.dialect.name == "sqlite"
-
-
-def supports_dml_cte(conn: Any) -> bool:
-    """PostgreSQL runs UPDATE ... RETURNING inside a WITH; SQLite does not."""
-    return bool(conn.dialect.name == "postgresql")
 
 
 def aware(dt: datetime | None) -> datetime | None:

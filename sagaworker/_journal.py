@@ -21,7 +21,6 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
-    bindparam,
     delete,
     exists,
     func,
@@ -31,7 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from ._dialect import aware, is_busy, listens, read_only, supports_dml_cte
+from . import _pgfast
+from ._dialect import aware, is_busy, listens, read_only
 from ._errors import SagaExists, SagaNotFound, SagaworkerError
 from ._logging import get_logger
 from ._notify import Notifier, Wake
@@ -243,16 +243,10 @@ class Journal:
         """
         t = now()
         gated = any(e.gated for e in new)
+        if len(new) == 1 and expect_seq is None and _pgfast.enabled(self.engine):
+            return [self._intent_fast(saga_id, new[0], t)]
 
         def body(conn: Connection) -> list[int]:
-            if len(new) == 1 and supports_dml_cte(conn) and expect_seq is None:
-                # One statement for the common case: bump the seq and insert the entry.
-                one = _entry_values(saga_id, None, new[0], t)
-                params = {f"p_{c}": one[c] for c in _ENTRY_COLS}
-                seq = conn.execute(_insert_one(new[0].gated), params).scalar()
-                if seq is not None:
-                    return [int(seq)]
-                self._refuse_enqueue(conn, saga_id)
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
             if expect_seq is not None:  # a flow's replay journals its next steps
                 values["advanced_at"] = t
@@ -277,6 +271,31 @@ class Journal:
             return [first + i for i in range(len(new))]
 
         return self.write(body)
+
+    def _intent_fast(self, saga_id: str, e: NewEntry, t: datetime) -> int:
+        """One step's INTENT in one round trip (``_pgfast``).
+
+        A lost connection leaves it unknown whether the statement committed: the entry's
+        task id (new for every enqueue) tells, and the statement is sent again only when
+        no entry carries it. So a step is never journaled twice, and a stale connection
+        (a PostgreSQL restart) costs a retry, not an error.
+        """
+        def once() -> int | None:
+            return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
+                                  args=e.args, kwargs=e.kwargs, digest=e.args_digest,
+                                  queue=e.queue, task_id=e.task_id, gated=e.gated,
+                                  nonce=e.approval_nonce, t=t)
+
+        try:
+            seq = once()
+        except (OperationalError, InterfaceError):
+            seq = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
+            if seq is None:
+                seq = once()
+        if seq is None:
+            with self.reader.connect() as conn:
+                self._refuse_enqueue(conn, saga_id)
+        return seq
 
     def _refuse_enqueue(self, conn: Connection, saga_id: str) -> NoReturn:
         row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
@@ -399,30 +418,6 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str,
         "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "approval_requested_at": t if e.gated else None,
     }
-
-
-_ENTRY_COLS = ("saga_id", "tool_name", "phase", "args", "kwargs", "args_digest", "queue",
-               "task_id", "attempts", "created_at", "updated_at", "in_doubt",
-               "compensation_attempts", "approval_nonce", "approval_requested_at")
-
-
-@functools.cache
-def _insert_one(gated: bool) -> Any:
-    """INSERT ... SELECT from the seq-bumping UPDATE (a data-modifying CTE), built once."""
-    values: dict[str, Any] = {"last_seq": sagas.c.last_seq + 1,
-                              "updated_at": bindparam("p_created_at")}
-    if gated:
-        values["status"] = SagaStatus.AWAITING_APPROVAL.value
-    bump = (update(sagas)
-            .where(sagas.c.saga_id == bindparam("p_saga_id"),
-                   sagas.c.status.in_([s.value for s in OPEN]),
-                   sagas.c.fail_requested_at.is_(None))
-            .values(**values)
-            .returning(sagas.c.last_seq)).cte("bump")
-    exprs = [bindparam(f"p_{c}", type_=entries.c[c].type) for c in _ENTRY_COLS]
-    return (insert(entries)
-            .from_select(["seq", *_ENTRY_COLS], select(bump.c.last_seq, *exprs))
-            .returning(entries.c.seq))
 
 
 def _entry(row: Any) -> EntryRecord:

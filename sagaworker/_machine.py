@@ -23,7 +23,8 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from ._dialect import db_later, db_now, supports_dml_cte
+from . import _pgfast
+from ._dialect import db_later, db_now
 from ._journal import Journal, now, retrying
 from ._lifecycle import move
 from ._schema import entries, sagas
@@ -125,7 +126,17 @@ class Machine:
     def claim_start(self, saga_id: str, seq: int, tool: str, *, token: str, worker: str,
                     idempotent: bool, task_id: str | None) -> Claim:
         """Move ``claim``: this delivery runs the tool, or is told why not."""
-        with self.j.engine.begin() as conn:
+        engine = self.j.engine
+        if _pgfast.enabled(engine):
+            # the same compare-and-set as below, one round trip (``_pgfast``)
+            got = _pgfast.claim(engine, saga_id=saga_id, seq=seq, tool=tool, token=token,
+                                worker=worker, task_id=task_id, lease=self.lease, t=now())
+            if got is not None:
+                return Claim(Start.RUN, attempt=got.attempts, row=got)
+            with engine.begin() as conn:
+                return self._claim_locked(conn, saga_id, seq, tool, token, worker,
+                                          idempotent, task_id)
+        with engine.begin() as conn:
             # Fast path, one statement: an ungated INTENT nobody holds, in an open saga
             # not asked to fail. The entry row is the serialization point: moves that
             # cancel it (begin_compensation, finish) are compare-and-sets on that row, so
@@ -267,13 +278,15 @@ class Machine:
                  duration_ms: float) -> Executed:
         """Move ``execute``; ``applied`` False when another attempt fenced this one out."""
         t = now()
-        with self.j.engine.begin() as conn:
-            if supports_dml_cte(conn):
-                got = conn.execute(_EXECUTED_STMT, {
-                    "p_saga": saga_id, "p_seq": seq, "p_t": t, "p_result": result,
-                    "p_ms": duration_ms, "p_token": token}).first()
-                if got is not None:
-                    return Executed(True, SagaStatus(got[0]), got[1])
+        engine = self.j.engine
+        if _pgfast.enabled(engine):
+            got = _pgfast.executed(engine, saga_id=saga_id, seq=seq, token=token,
+                                   result=result, duration_ms=duration_ms, t=t)
+            if got is not None:
+                return Executed(True, SagaStatus(got[0]), got[1])
+        with engine.begin() as conn:
+            if _pgfast.enabled(engine):
+                # a miss of the statement above: a replay of our own outcome, or fenced
                 saga = self.j.lock_saga(conn, saga_id)
             else:
                 saga = self.j.lock_saga(conn, saga_id)
@@ -570,28 +583,6 @@ class Machine:
             return seqs
 
 
-def _build_executed_stmt() -> Any:
-    """EXECUTED in one statement on PostgreSQL: take the saga row lock and the next
-    execution order (a data-modifying CTE), and journal EXECUTED with it, fenced by the
-    attempt token. Returns the saga's status, or nothing when the token no longer holds."""
-    from sqlalchemy import bindparam
-
-    bump = (update(sagas).where(sagas.c.saga_id == bindparam("p_saga"))
-            .values(exec_counter=sagas.c.exec_counter + 1, updated_at=bindparam("p_t"))
-            .returning(sagas.c.exec_counter, sagas.c.status, sagas.c.flow)).cte("bump")
-    return (update(entries)
-            .where(entries.c.saga_id == bindparam("p_saga"), entries.c.seq == bindparam("p_seq"),
-                   entries.c.phase == _INTENT, entries.c.attempt_token == bindparam("p_token"))
-            .values(phase=_EXECUTE.target,
-                    result=bindparam("p_result", type_=entries.c.result.type),
-                    executed_at=bindparam("p_t"), updated_at=bindparam("p_t"),
-                    exec_order=select(bump.c.exec_counter).scalar_subquery(),
-                    lease_until=None, duration_ms=bindparam("p_ms"), error=None)
-            .returning(select(bump.c.status).scalar_subquery(),
-                       select(bump.c.flow).scalar_subquery()))
-
-
-_EXECUTED_STMT = _build_executed_stmt()
 
 for _name in ("claim_start", "heartbeat", "abort", "fail_overdue", "release", "retry_due",
               "executed", "failed", "begin_compensation", "claim_undo", "record_and_claim",
