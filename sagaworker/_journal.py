@@ -23,8 +23,8 @@ from sqlalchemy import (
     Engine,
     delete,
     exists,
-    func,
     insert,
+    or_,
     select,
     update,
 )
@@ -386,15 +386,18 @@ class Journal:
         done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
         if include_dirty:
             done.append(SagaStatus.COMPENSATION_FAILED.value)
-        due = [sagas.c.status.in_(done), sagas.c.updated_at < cutoff,
-                func.coalesce(sagas.c.finished_at, sagas.c.updated_at) < cutoff]
+        # finished_at is set by every move to a terminal status (index status, finished_at);
+        # a terminal saga without one predates it (migration 0004 fills those in)
+        due = [sagas.c.status.in_(done),
+               or_(sagas.c.finished_at < cutoff, sagas.c.finished_at.is_(None)),
+               sagas.c.updated_at < cutoff]
         if not include_dirty:
             due.append(~exists().where(entries.c.saga_id == sagas.c.saga_id,
                                         entries.c.in_doubt.is_(True)))
 
         def body(conn: Connection) -> PruneBatch:
             ids = list(conn.execute(
-                select(sagas.c.saga_id).where(*due).order_by(sagas.c.updated_at)
+                select(sagas.c.saga_id).where(*due).order_by(sagas.c.finished_at)
                 .limit(batch).with_for_update(skip_locked=True)).scalars())
             if not ids:
                 return PruneBatch(0, 0)

@@ -71,7 +71,7 @@ sagas = Table(
     # the last time a worker advanced the flow (the sweeper re-sends a lost advance)
     Column("advanced_at", _ts),
     Column("idle_reported_at", _ts),
-    Index("ix_sagaworker_sagas_status_updated", "status", "updated_at"),
+    Index("ix_sagaworker_sagas_status_finished", "status", "finished_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),
     Index("ix_sagaworker_sagas_deadline", "deadline_at"),
 )
@@ -141,7 +141,6 @@ entries = Table(
     Column("rejected_at", _ts),
     Column("rejection_reason", Text),
     Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
-    Index("ix_sagaworker_entries_saga_exec", "saga_id", "exec_order"),
 )
 
 audit = Table(
