@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import time
-from typing import Any
 
 import psutil
 import psycopg
@@ -30,6 +29,8 @@ from bench import suites
 from bench.__main__ import BROKERS
 from bench.apps import counter
 
+#: RabbitMQ's processes (the worker's own command line names the broker too: not those)
+_ERLANG = ("/usr/lib/erlang", "erl_child_setup", "inet_gethost", "epmd")
 PARTS = ("producer", "worker", "postgres", "broker", "redis")
 
 
@@ -43,7 +44,7 @@ def _procs(b: suites.Bench, name: str) -> dict[str, list[psutil.Process]]:
         cmd = " ".join(p.info["cmdline"] or [])
         if p.info["name"] == "postgres" or cmd.startswith("postgres"):
             out["postgres"].append(p)
-        elif "beam.smp" in (p.info["name"] or "") or cmd.startswith(("/usr/lib/erlang", "erl_child", "inet_gethost", "epmd")):
+        elif "beam.smp" in (p.info["name"] or "") or cmd.startswith(_ERLANG):
             out["broker"].append(p)
         elif (p.info["name"] or "").startswith("redis-server"):
             out["redis" if b.broker_name != "redis" else "broker"].append(p)
@@ -72,7 +73,8 @@ def _pg(dbname: str) -> dict[str, int]:
     return dict(zip(keys, (int(x) for x in row), strict=True))
 
 
-def measure(b: suites.Bench, dbname: str, name: str, n: int) -> dict[str, float]:
+def measure(b: suites.Bench, dbname: str, name: str, n: int,
+            per_saga: int = 10) -> dict[str, float]:
     """One round of ``n`` steps of ``name``; costs per step."""
     # the children of the postgres postmaster come and go: list them fresh, after a settle
     time.sleep(0.7)  # pg_stat_database is updated at most every 500 ms
@@ -80,7 +82,7 @@ def measure(b: suites.Bench, dbname: str, name: str, n: int) -> dict[str, float]
     before = {part: _cpu(ps) for part, ps in procs.items()}
     pg0 = _pg(dbname)
     log0 = b.workers[name].log_path.stat().st_size
-    res = suites.step_round(b, name, n)
+    res = suites.step_round(b, name, n, per_saga=per_saga)
     time.sleep(0.7)
     pg1 = _pg(dbname)
     out: dict[str, float] = {"steps_per_s": res["steps_per_s"]}
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--broker", default="rabbitmq", choices=sorted(BROKERS))
+    p.add_argument("--per-saga", type=int, default=10,
+                   help="sagaworker steps per saga (the round's steps over n/per-saga sagas)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     run = f"costs{os.getpid()}"
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.rounds):
             order = list(per) if r % 2 == 0 else list(reversed(per))
             for name in order:
-                per[name].append(measure(b, dbname, name, a.steps))
+                per[name].append(measure(b, dbname, name, a.steps, a.per_saga))
     finally:
         b.close()
         counter().close()

@@ -201,8 +201,8 @@ class Executor:
             return f"arguments are not JSON: {exc}"
         if spec.gated:
             # recomputed from the journal's arguments: an edit after approval must show
-            journaled = args_digest(row.args or [], row.kwargs or {})
-            if not row.approved_by or row.approved_digest != journaled or sent != journaled:
+            if not row.approved_by or row.approved_digest != args_digest(
+                    row.args or [], row.kwargs or {}) or sent != row.approved_digest:
                 return ("approval verification failed: the arguments no longer match the "
                         "approved step; not run. Start a new saga with the intended arguments")
         elif sent != row.args_digest:  # the digest journaled with the INTENT

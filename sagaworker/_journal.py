@@ -275,9 +275,10 @@ class Journal:
     def _intent_fast(self, saga_id: str, e: NewEntry, t: datetime) -> int:
         """One step's INTENT in one round trip (``_pgfast``).
 
-        A lost connection leaves it unknown whether the statement committed: the entry's
-        task id (new for every enqueue) tells, and the statement is sent again only when
-        no entry carries it. So a step is never journaled twice, and a stale connection
+        A lost connection leaves it unknown whether the statement committed: once its
+        server process is done with it (``_pgfast.settle``), the entry's task id (new for
+        every enqueue) tells, and the statement is sent again only when no entry carries
+        it. So a step is never journaled twice, and a stale connection
         (a PostgreSQL restart) costs a retry, not an error.
         """
         def once() -> int | None:
@@ -288,7 +289,10 @@ class Journal:
 
         try:
             seq = once()
-        except (OperationalError, InterfaceError):
+        except (OperationalError, InterfaceError) as exc:
+            # the statement may still be running on the server (waiting on the saga row,
+            # say): stopped and awaited first, then its commit is visible or never happens
+            _pgfast.settle(self.engine, exc)
             seq = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
             if seq is None:
                 seq = once()

@@ -17,20 +17,23 @@ was lost is recognised by its task id before it is sent again (``Journal.add_ent
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from ._crypto import SealedJSON
 from ._schema import entries, sagas
 from ._types import OPEN, Phase
 
-__all__ = ["Claimed", "claim", "enabled", "executed", "intent", "intent_seq"]
+__all__ = ["Claimed", "claim", "enabled", "executed", "intent", "intent_seq", "settle"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -38,10 +41,13 @@ _INTENT, _EXECUTED = Phase.INTENT.value, Phase.EXECUTED.value
 
 
 class Claimed(NamedTuple):
-    """What a claim that landed on the fast path needs of the entry."""
+    """What a claim that landed on the fast path needs of the entry (an entry no one
+    approved: a tool made gated since it was journaled is refused by ``_verify``)."""
 
     attempts: int
     args_digest: str
+    approved_by: str | None = None
+    approved_digest: str | None = None
 
 
 def enabled(engine: Engine) -> bool:
@@ -50,27 +56,82 @@ def enabled(engine: Engine) -> bool:
 
 def _run(engine: Engine, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
     """One statement in autocommit; its first row."""
-    raw = engine.raw_connection()
+    try:
+        raw = engine.raw_connection()
+    except psycopg.Error as exc:  # the pool does not translate a failed connect
+        raise _translated(engine, sql, params, exc, None) from exc
     try:
         pg: psycopg.Connection[Any] = raw.driver_connection  # type: ignore[assignment]
+        pid = pg.info.backend_pid
         try:
             pg.autocommit = True
-            try:
-                return pg.execute(sql, params).fetchone()
-            finally:
-                if not pg.broken:
-                    pg.autocommit = False  # the pool hands out transactional connections
+            row = pg.execute(sql, params).fetchone()
+            pg.autocommit = False  # the pool hands out transactional connections
+            return row
         except psycopg.Error as exc:
-            broken = pg.broken or pg.closed
-            if broken:
-                raw.invalidate(exc)
-                # like SQLAlchemy on a disconnect: the pool's other connections are stale too
-                engine.dispose(close=False)
-            raise DBAPIError.instance(sql, params, exc, psycopg.Error,
-                                      connection_invalidated=broken,
-                                      dialect=engine.dialect) from exc
+            if pg.broken or pg.info.transaction_status != TransactionStatus.IDLE:
+                _discard(engine, raw, exc, stale=pg.broken)
+            else:
+                pg.autocommit = False  # a refused statement: the connection is fine
+            raise _translated(engine, sql, params, exc, pid) from exc
+        except BaseException:
+            # interrupted mid-statement (a soft time limit, a gevent timeout): the
+            # connection's state is unknown, so it never goes back to the pool
+            if pg.info.transaction_status != TransactionStatus.IDLE or pg.autocommit:
+                _discard(engine, raw, None, stale=False)
+            raise
     finally:
         raw.close()
+
+
+def _discard(engine: Engine, raw: Any, exc: BaseException | None, *, stale: bool) -> None:
+    """Throw this connection away; after a lost connection, the pool's older ones too
+    (what SQLAlchemy does on a disconnect: they are replaced lazily, at checkout)."""
+    invalidate_all = getattr(engine.pool, "_invalidate", None)
+    if stale and invalidate_all is not None:
+        invalidate_all(raw, exc)
+    else:
+        raw.invalidate(exc)
+
+
+def _translated(engine: Engine, sql: str, params: dict[str, Any], exc: psycopg.Error,
+                pid: int | None) -> StatementError:
+    err = DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=engine.dialect,
+                              connection_invalidated=isinstance(exc, psycopg.OperationalError))
+    err.sagaworker_backend_pid = pid  # type: ignore[attr-defined]
+    return err
+
+
+_ACTIVITY = "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s"
+_TERMINATE = "SELECT pg_terminate_backend(%(pid)s)"
+
+
+def settle(engine: Engine, exc: BaseException, *, timeout: float = 10.0) -> None:
+    """After a statement's connection was lost, wait until its server process is done
+    with it, so that what it did is visible (or known not to happen).
+
+    A statement can outlive its client: waiting on a row lock when the socket dropped, it
+    may still commit later. Its backend is stopped (``pg_terminate_backend``: a statement
+    waiting or running is rolled back, a COMMIT under way completes) and awaited. Raises
+    TimeoutError when that backend does not go away.
+    """
+    pid = getattr(exc, "sagaworker_backend_pid", None)
+    if pid is None:
+        return
+    deadline = time.monotonic() + timeout
+    stopped = False
+    while True:
+        row = _run(engine, _ACTIVITY, {"pid": pid})
+        if row is None or row[0] != "active":
+            return
+        if not stopped:
+            stopped = True
+            with contextlib.suppress(DBAPIError):  # not allowed to: wait for it instead
+                _run(engine, _TERMINATE, {"pid": pid})
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"PostgreSQL backend {pid} still runs a statement whose "
+                               "connection was lost")
+        time.sleep(0.05)
 
 
 def _json(engine: Engine, column: str, value: Any) -> Jsonb:

@@ -1,0 +1,219 @@
+"""The one-round-trip statements of the step path (``_pgfast``) on a real PostgreSQL:
+lost connections, statements that outlive their client, interrupted statements."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+from sqlalchemy import create_engine, select
+from sqlalchemy.exc import OperationalError
+
+from sagaworker import Sagaworker, _pgfast
+from sagaworker._canonical import args_digest
+from sagaworker._execution import Executor
+from sagaworker._journal import now
+from sagaworker._schema import entries, sagas
+from sagaworker._types import Reversibility
+from tests.conftest import uid
+
+pytestmark = pytest.mark.services
+
+
+class Proxy:
+    """A TCP proxy to PostgreSQL whose client side can be cut while the server side stays
+    open: the server process goes on with the statement it was given, as when a client
+    host or a network path dies."""
+
+    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.clients: list[socket.socket] = []
+        self.servers: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.clients.append(client)
+                self.servers.append(server)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+
+    def cut_clients(self) -> None:
+        """Close every client-side socket; the server-side ones stay open and silent."""
+        with self.lock:
+            for c in self.clients:
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            self.clients.clear()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut_clients()
+        for s in self.servers:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+@pytest.fixture
+def proxied(pg_url: str) -> Iterator[tuple[Sagaworker, Proxy]]:
+    proxy = Proxy()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    sw = Sagaworker(Celery("pgfast", broker="memory://"), database_url=url)
+
+    @sw.tool()
+    def charge(amount: int) -> int:
+        return amount
+
+    sw.rt.bus.publish_step = lambda *a, **k: True  # type: ignore[method-assign]
+    yield sw, proxy
+    sw.journal.engine.dispose()
+    proxy.close()
+
+
+def _direct(pg_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"))
+
+
+def test_intent_whose_connection_is_lost_while_it_waits_is_journaled_once(
+        proxied: tuple[Sagaworker, Proxy], pg_url: str) -> None:
+    """An INTENT waiting on the saga row lock when its client's connection dies would
+    commit later on its own; the producer's replay must not journal the step a second
+    time (the step would run twice: the relay publishes the orphan, the replay its own)."""
+    sw, proxy = proxied
+    saga_id = uid("orphan")
+    saga = sw.begin(saga_id)
+    holder = _direct(pg_url)
+    holder.execute("SELECT 1 FROM sagaworker_sagas WHERE saga_id = %s FOR UPDATE",
+                   (saga_id,))
+    result: dict[str, Any] = {}
+
+    def enqueue() -> None:
+        try:
+            result["step"] = saga.enqueue(sw.registry.tools[next(iter(sw.registry.tools))]
+                                          .task, 5)
+        except Exception as exc:  # reported by the assertion below
+            result["error"] = exc
+
+    t = threading.Thread(target=enqueue)
+    t.start()
+    with _direct(pg_url) as watcher:
+        watcher.autocommit = True
+        waiting = None
+        deadline = time.monotonic() + 10
+        while waiting is None and time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%INSERT INTO sagaworker_entries%%'").fetchone()
+            waiting = row[0] if row else None
+            time.sleep(0.02)
+        assert waiting is not None, "the INTENT never waited on the saga row"
+        proxy.cut_clients()  # the client's connection dies; its statement waits on
+        # the producer replays the INTENT: its new statement queues on the saga row too
+        deadline = time.monotonic() + 10
+        replay = None
+        while replay is None and time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%INSERT INTO sagaworker_entries%%' AND pid <> %s",
+                (waiting,)).fetchone()
+            replay = row[0] if row else None
+            time.sleep(0.02)
+        assert replay is not None, "the producer did not replay the INTENT"
+    holder.commit()  # the saga row is free: whatever still waits on it commits now
+    holder.close()
+    t.join(30)
+    assert "error" not in result, result.get("error")
+    assert result["step"].seq == 1
+    with sw.journal.engine.connect() as conn:
+        seqs = list(conn.execute(select(entries.c.seq).where(entries.c.saga_id == saga_id))
+                    .scalars())
+        last = conn.execute(select(sagas.c.last_seq).where(sagas.c.saga_id == saga_id)).scalar()
+    assert seqs == [1], f"the step was journaled {len(seqs)} times: {seqs}"
+    assert last == 1
+
+
+def test_a_refused_connect_is_sqlalchemys_operational_error() -> None:
+    """What ``_journal.retrying`` replays: a failed connect too, not only a lost statement
+    (a PostgreSQL restart refuses connections for a while)."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    engine = create_engine(f"postgresql+psycopg://root@127.0.0.1:{port}/postgres")
+    with pytest.raises(OperationalError):
+        _pgfast.claim(engine, saga_id="s", seq=1, tool="t", token="x", worker="w",
+                      task_id=None, lease=5, t=now())
+    engine.dispose()
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def test_a_statement_interrupted_midway_never_returns_its_connection_to_the_pool(
+        pg_url: str) -> None:
+    """A soft time limit (or a gevent timeout) raised while a statement runs: the
+    connection is discarded, and the next checkout is a clean transactional one."""
+    engine = create_engine(pg_url, pool_size=1, max_overflow=0)
+
+    def alarm(*_: Any) -> None:
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            _pgfast._run(engine, "SELECT pg_sleep(2)", {})
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    raw = engine.raw_connection()
+    try:
+        pg = raw.driver_connection
+        assert pg is not None and not pg.autocommit
+        assert pg.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        raw.close()
+    assert _pgfast._run(engine, "SELECT 41 + %(n)s", {"n": 1}) == (42,)
+    engine.dispose()
+
+
+def test_a_tool_made_gated_since_its_step_was_journaled_is_refused_cleanly() -> None:
+    """The fast claim returns what ``_verify`` needs: an entry journaled ungated, claimed
+    by a worker whose tool is now gated, is refused (not an AttributeError)."""
+    sw = Sagaworker(Celery("gated", broker="memory://"), database_url="sqlite://")
+
+    @sw.tool()
+    def ship(order: str) -> str:
+        return order
+
+    spec = sw.registry.tool(next(iter(sw.registry.tools)))
+    assert spec is not None
+    gated = dataclasses.replace(spec, reversibility=Reversibility.IRREVERSIBLE)
+    assert gated.gated
+    row = _pgfast.Claimed(1, args_digest(("o-1",), {}))
+    problem = Executor._verify(Executor.__new__(Executor), gated, row, ("o-1",), {})
+    assert problem is not None and "approval verification failed" in problem
