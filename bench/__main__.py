@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         for bname in [b for b in a.brokers.split(",") if b]:
             log(f"{bname}: starting workers")
             b = suites.Bench(run, bname, BROKERS[bname], db_url,
-                             ("bare", "minimal", "sagaworker"))
+                             ("bare", "minimal", "minimal_pf4", "sagaworker"))
             try:
                 log(f"{bname}: step throughput")
                 results["step_throughput"][bname] = suites.step_throughput(b, a.steps, a.rounds)

@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, create_engine, text
 
-SYSTEMS = ("bare", "minimal", "sagaworker")
+SYSTEMS = ("bare", "minimal", "minimal_pf4", "sagaworker")
 COUNTER_REDIS = "redis://127.0.0.1:6379/13"
 
 _local: dict[str, Any] = {}
@@ -89,7 +89,7 @@ class System:
         """One step of this system, from the producer's side."""
         if self.name == "bare":
             self.tasks["noop"].apply_async(args=[key])
-        elif self.name == "minimal":
+        elif self.name.startswith("minimal"):
             minimal_enqueue(self, key)
         else:
             saga.enqueue(self.tasks["noop"], key)
@@ -127,13 +127,15 @@ def make_system(name: str, *, broker: str, db_url: str, queue: str) -> System:
             stamp(key)
 
         system.tasks = {"noop": bare_noop, "undo": bare_undo, "stamp": bare_stamp}
-    elif name == "minimal":
+    elif name.startswith("minimal"):
+        # minimal: prefetch 1 (what sagaworker sets); minimal_pf4: Celery's default (4)
         app.conf.update(broker_transport_options={"confirm_publish": True,
                                                   "visibility_timeout": 60},
-                        worker_prefetch_multiplier=1, task_acks_late=True,
+                        worker_prefetch_multiplier=4 if name == "minimal_pf4" else 1,
+                        task_acks_late=True,
                         task_reject_on_worker_lost=True)
 
-        @app.task(name="bench.minimal.noop")  # type: ignore[untyped-decorator]
+        @app.task(name=f"bench.{name}.noop")  # type: ignore[untyped-decorator]
         def minimal_noop(jid: str, key: str) -> None:
             value = work(key)
             with _engine(db_url).begin() as conn:

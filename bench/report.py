@@ -31,15 +31,18 @@ def render(r: dict[str, Any]) -> str:
         for broker, res in st.items():
             s = res["systems"]
             vs_min = res.get("ratio_vs_minimal", float("nan"))
+            pf4 = s.get("minimal_pf4", {}).get("steps_per_s", float("nan"))
             rows.append([broker, _f(s["bare"]["steps_per_s"]), _f(s["minimal"]["steps_per_s"]),
-                         _f(s["sagaworker"]["steps_per_s"]), _f(res.get("ratio_vs_bare"), 2),
-                         _f(vs_min, 2),
+                         _f(pf4), _f(s["sagaworker"]["steps_per_s"]),
+                         _f(res.get("ratio_vs_bare"), 2), _f(vs_min, 2),
+                         _f(res.get("ratio_vs_minimal_pf4", float("nan")), 2),
                          "met" if vs_min >= TARGET_VS_MINIMAL else "MISSED",
                          _f(s["sagaworker"]["enqueue_per_s"]),
                          _f(s["minimal"]["enqueue_per_s"])])
         out.append("\n### 1. Step throughput (steps/s, median of rounds)\n")
-        out.append(_table(["broker", "bare Celery", "minimal journal", "sagaworker",
-                           "sw/bare", "sw/minimal", "target >= 0.9", "sw enqueue/s",
+        out.append(_table(["broker", "bare Celery", "minimal journal",
+                           "minimal, prefetch 4", "sagaworker", "sw/bare", "sw/minimal",
+                           "sw/minimal prefetch 4", "target >= 0.9", "sw enqueue/s",
                            "minimal enqueue/s"], rows))
     sg = r.get("saga")
     if sg:
@@ -90,8 +93,43 @@ def render(r: dict[str, Any]) -> str:
                            for n in ("enqueue_many", "one_by_one")]))
         out.append(f"\nenqueue speed-up {_f(fo['enqueue_speedup'], 2)}x, end to end "
                    f"{_f(fo['end_to_end_speedup'], 2)}x")
+    targets = target_rows(r)
+    if targets:
+        out.append("\n### Issue 13 targets (ratios within this run)\n")
+        out.append(_table(["figure", "value", "target", ""], targets))
     out.append(f"\nwall time {r.get('wall_seconds')} s")
     return "\n".join(out)
+
+
+def target_rows(r: dict[str, Any]) -> list[list[str]]:
+    """The table of issue 13: each figure, its target, met or missed."""
+    rows: list[tuple[str, float, str, bool]] = []
+    for broker, res in r.get("step_throughput", {}).items():
+        for base, label in (("minimal", "prefetch 1"), ("minimal_pf4", "prefetch 4")):
+            x = res.get(f"ratio_vs_{base}")
+            if x is not None:
+                rows.append((f"steps/s / minimal journal ({broker}, {label})", x, ">= 0.9",
+                             x >= TARGET_VS_MINIMAL))
+    for broker, res in r.get("rss_mib", {}).items():
+        x = res["after_load"]["sagaworker"] / res["after_load"]["bare"]
+        rows.append((f"worker RSS / bare Celery, after load ({broker})", x, "<= 1.15",
+                     x <= 1.15))
+    c = r.get("compensation")
+    if c:
+        x = c["per_undo_vs_round_trip"]
+        rows.append(("per-undo cost / bare round trip", x, "<= 2", x <= 2))
+    sg = r.get("saga", {})
+    if "throughput_ratio_vs_dbos_direct" in sg:
+        x = sg["throughput_ratio_vs_dbos_direct"]
+        rows.append(("3-step synchronous sagas/s / DBOS direct", x, ">= 1", x >= 1))
+    bj = r.get("big_journal", {})
+    if len(bj) >= 2:
+        sizes = sorted(bj, key=int)
+        lo, hi = bj[sizes[0]], bj[sizes[-1]]
+        x = hi["systems"]["sagaworker"]["steps_per_s"] / lo["systems"]["sagaworker"]["steps_per_s"]
+        rows.append((f"throughput at {int(sizes[-1]):,} rows / at {int(sizes[0]):,}", x,
+                     ">= 0.9", x >= 0.9))
+    return [[name, _f(x, 2), t, "met" if ok else "MISSED"] for name, x, t, ok in rows]
 
 
 if __name__ == "__main__":

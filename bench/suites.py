@@ -157,13 +157,13 @@ def step_round(b: Bench, name: str, n: int, *, per_saga: int = 10) -> dict[str, 
     ids: list[str] = []
     t0 = time.perf_counter()
     for i in range(n):
-        if name == "minimal":
+        if name.startswith("minimal"):
             ids.append(minimal_enqueue(system, key))
         else:
             system.enqueue(key, sagas[i % len(sagas)] if sagas else None)
     t_pub = time.perf_counter() - t0
     wait_counter(key, n, timeout=300)
-    if name == "minimal":
+    if name.startswith("minimal"):
         _wait_sql(system, "SELECT count(*) FROM bench_minimal WHERE id = ANY(CAST(:ids AS uuid[])) "
                   "AND phase = 'EXECUTED'", {"ids": ids}, n)
     elif name == "sagaworker":
@@ -205,7 +205,7 @@ def step_throughput(b: Bench, n: int, rounds: int) -> dict[str, Any]:
             "enqueue_per_s": median([x["enqueue_per_s"] for x in rs]),
             "rounds_steps_per_s": [round(x["steps_per_s"], 1) for x in rs]}
     sw_rounds = [x["steps_per_s"] for x in per.get("sagaworker", [])]
-    for base in ("bare", "minimal"):
+    for base in ("bare", "minimal", "minimal_pf4"):
         if base in per and sw_rounds:
             ratios = [s / m["steps_per_s"] for s, m in zip(sw_rounds, per[base], strict=True)]
             out[f"ratio_vs_{base}"] = median(ratios)

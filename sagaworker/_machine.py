@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from . import _pgfast
 from ._dialect import db_later, db_now
@@ -440,22 +440,30 @@ class Machine:
                          next_token: str) -> tuple[bool, UndoState]:
         """Journal one outcome and claim the next undo, in one transaction."""
         with self.j.engine.begin() as conn:
-            saga = self.j.lock_saga(conn, saga_id)
+            # One statement locks the saga row, numbers the outcome in the report and
+            # tells the sweeper the chain moves (a miss below leaves a harmless gap).
+            saga = conn.execute(
+                update(sagas).where(sagas.c.saga_id == saga_id)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
+                        updated_at=now(), resends=0, resend_at=None)
+                .returning(*sagas.c)).first()
             if saga is None:
                 return False, UndoState(UndoClaim.NOT_COMPENSATING)
-            recorded = self._record(conn, saga_id, seq, result, detail, attempts, token)
+            recorded = self._record(conn, saga_id, seq, result, detail, attempts, token,
+                                    order=saga.comp_counter)
             # recording changes neither the status nor the reason: the locked row serves
-            return recorded, self._claim_undo(conn, saga_id, next_token, saga)
+            return recorded, self._claim_undo(conn, saga_id, next_token, saga, touched=True)
 
     def _record(self, conn: Any, saga_id: str, seq: int, result: OutcomeResult,
-                detail: str | None, attempts: int | None, token: str) -> bool:
+                detail: str | None, attempts: int | None, token: str, *,
+                order: int | None = None) -> bool:
         """Moves ``record``/``skip``/``give_up``: once; True also for our own replay."""
-        # the report's order first (a miss below leaves a harmless gap in the counter)
-        order = conn.execute(
-            update(sagas).where(sagas.c.saga_id == saga_id)
-            .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
-                    updated_at=now(), resends=0, resend_at=None)
-            .returning(sagas.c.comp_counter)).scalar()
+        if order is None:  # the report's order first (a miss leaves a harmless gap)
+            order = conn.execute(
+                update(sagas).where(sagas.c.saga_id == saga_id)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
+                        updated_at=now(), resends=0, resend_at=None)
+                .returning(sagas.c.comp_counter)).scalar()
         extra = {} if attempts is None else {"compensation_attempts": attempts}
         n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
                              entries.c.undo_token == token,
@@ -468,65 +476,92 @@ class Machine:
         return bool(row is not None and row.undo_token == token
                     and row.compensation is not None)
 
-    def _claim_undo(self, conn: Any, saga_id: str, token: str, saga: Any) -> UndoState:
+    def _claim_undo(self, conn: Any, saga_id: str, token: str, saga: Any, *,
+                    touched: bool = False) -> UndoState:
         if saga is None or saga.status != SagaStatus.COMPENSATING.value:
             if saga is not None and saga.closed_by == token:  # our own finish, replayed
                 return self._finished_state(conn, saga_id, SagaStatus(saga.status), ())
             return UndoState(UndoClaim.NOT_COMPENSATING,
                              status=SagaStatus(saga.status) if saga else None)
         doubted: list[Any] = []
+        # One read for what may hold the chain back: forward attempts and undos that
+        # started and have no outcome (none, in the common case).
+        held = conn.execute(select(
+            entries, _alive(entries.c.lease_until),
+            _alive(entries.c.comp_lease_until).label("comp_alive")).where(
+                entries.c.saga_id == saga_id,
+                or_(and_(entries.c.phase == _INTENT, entries.c.lease_until.is_not(None)),
+                    and_(entries.c.phase == _EXECUTED, entries.c.compensation.is_(None),
+                         entries.c.comp_lease_until.is_not(None))))).all()
         # 1. No undo while a forward step of the saga runs: a late arrival is undone
         #    first, once it has an outcome (its EXECUTED re-sends the chain).
-        for p in conn.execute(select(entries, _alive(entries.c.lease_until)).where(
-                entries.c.saga_id == saga_id, entries.c.phase == _INTENT,
-                entries.c.lease_until.is_not(None))).all():
+        for p in held:
+            if p.phase != _INTENT:
+                continue
             if p.alive:
                 return UndoState(UndoClaim.WAITING, row=p, in_doubt=tuple(doubted))
             self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
             doubted.append(p)
         died: list[tuple[Any, str]] = []
         tries = 1 + self.settings.compensation_retries
+        live = [r for r in held if r.phase == _EXECUTED]
         while True:
             # 2. At most one undo of a saga at any moment.
-            live = conn.execute(select(entries, _alive(entries.c.comp_lease_until)).where(
-                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
-                entries.c.compensation.is_(None), entries.c.comp_lease_until.is_not(None))
-            ).all()
             mine = [r for r in live if r.undo_token == token]
             if mine:  # our own claim, whose COMMIT reply was lost
                 r = mine[0]
                 return UndoState(UndoClaim.CLAIMED, row=r, attempt=r.compensation_attempts,
                                  reason=saga.reason, in_doubt=tuple(doubted),
                                  died=tuple(died))
-            if any(r.alive for r in live):
+            if any(r.comp_alive for r in live):
                 return UndoState(UndoClaim.BUSY, row=live[0], in_doubt=tuple(doubted),
                                  died=tuple(died))
-            # 3. Latest EXECUTED first.
+            # 3. Latest EXECUTED first: claimed in one statement, unless its last try's
+            #    worker died with the tries used up (read below).
+            latest = (select(entries.c.seq).where(
+                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
+                entries.c.compensation.is_(None))
+                .order_by(entries.c.exec_order.desc()).limit(1).scalar_subquery())
+            claimed = conn.execute(
+                update(entries)
+                .where(entries.c.saga_id == saga_id, entries.c.seq == latest,
+                       or_(entries.c.comp_lease_until.is_(None),
+                           entries.c.compensation_attempts < tries))
+                .values(compensation_attempts=entries.c.compensation_attempts + 1,
+                        comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
+                        undo_token=token, updated_at=now())
+                .returning(*entries.c)).first()
+            if claimed is not None:
+                if not touched:
+                    self.j.touch(conn, saga_id, chain_touched_at=now())
+                return UndoState(UndoClaim.CLAIMED, row=claimed,
+                                 attempt=claimed.compensation_attempts, reason=saga.reason,
+                                 in_doubt=tuple(doubted), died=tuple(died))
             row = conn.execute(
-                select(entries, _alive(entries.c.comp_lease_until))
-                .where(entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
-                       entries.c.compensation.is_(None))
+                select(entries).where(entries.c.saga_id == saga_id,
+                                      entries.c.phase == _EXECUTED,
+                                      entries.c.compensation.is_(None))
                 .order_by(entries.c.exec_order.desc()).limit(1)).first()
             if row is None:
                 return self._finish(conn, saga, token, tuple(doubted), tuple(died))
-            if row.comp_lease_until is not None and row.compensation_attempts >= tries:
-                # Its last try's worker died (OOM, segfault, os._exit, a hard time limit):
-                # that try counts, and the tries are used up.
-                detail = (f"the undo's worker died during try {row.compensation_attempts} "
-                          f"of {tries} (killed, out of memory, os._exit or a hard time "
-                          "limit); the effect is still live")
-                self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
-                self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
-                             detail, None, token)
-                died.append((row, detail))
-                continue
-            attempt = row.compensation_attempts + 1
-            self.j.set_entry(conn, saga_id, row.seq, compensation_attempts=attempt,
-                             comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
-                             undo_token=token)
-            self.j.touch(conn, saga_id, chain_touched_at=now())
-            return UndoState(UndoClaim.CLAIMED, row=row, attempt=attempt, reason=saga.reason,
-                             in_doubt=tuple(doubted), died=tuple(died))
+            # Its last try's worker died (OOM, segfault, os._exit, a hard time limit):
+            # that try counts, and the tries are used up.
+            detail = (f"the undo's worker died during try {row.compensation_attempts} "
+                      f"of {tries} (killed, out of memory, os._exit or a hard time "
+                      "limit); the effect is still live")
+            self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
+            self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
+                         detail, None, token)
+            died.append((row, detail))
+            live = self._live_undos(conn, saga_id)
+
+    @staticmethod
+    def _live_undos(conn: Any, saga_id: str) -> list[Any]:
+        return list(conn.execute(select(
+            entries, _alive(entries.c.comp_lease_until).label("comp_alive")).where(
+                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
+                entries.c.compensation.is_(None), entries.c.comp_lease_until.is_not(None))
+        ).all())
 
     def _finish(self, conn: Any, saga: Any, token: str, doubted: tuple[Any, ...],
                 died: tuple[tuple[Any, str], ...]) -> UndoState:

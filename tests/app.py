@@ -24,7 +24,7 @@ from sqlalchemy import (
     insert,
 )
 from sqlalchemy import select as _select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sagaworker import (
     CompensationContext,
@@ -54,7 +54,11 @@ def engine(url: str | None = None) -> Any:
     if url not in _engines:
         # the oracle is "the outside world": it reconnects on its own (pre-ping)
         _engines[url] = create_engine(normalize_url(url), pool_pre_ping=True)
-        ledger_md.create_all(_engines[url])
+        try:
+            ledger_md.create_all(_engines[url])
+        except (IntegrityError, ProgrammingError):
+            # another process (a worker, the test) created it at the same moment
+            ledger_md.create_all(_engines[url])
     return _engines[url]
 
 
