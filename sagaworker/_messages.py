@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,37 @@ class CeleryBus:
                       task_id=task_id, error=f"{type(exc).__name__}: {exc}")
             return False
         return True
+
+    def queue_of(self, tool: str, queue: str | None) -> str | None:
+        """The queue a tool message goes to (its own, or the app's routing)."""
+        try:
+            routed = self.app.amqp.router.route({"queue": queue} if queue else {}, tool, (), {})
+            q = routed.get("queue")
+            return q if isinstance(q, str) or q is None else str(q.name)
+        except Exception:  # routing the app decides at publish time: unknown here
+            return None
+
+    def ready(self, queues: set[str]) -> dict[str, int]:
+        """Messages waiting in each queue, as the broker counts them (a passive declare:
+        RabbitMQ's ready count, a Redis list's length); a queue it cannot tell is left
+        out."""
+        counts: dict[str, int] = {}
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1)
+                for q in sorted(queues):
+                    chan = conn.channel()  # a failed passive declare closes its channel
+                    try:
+                        counts[q] = int(chan.queue_declare(queue=q, passive=True)
+                                        .message_count)
+                    except Exception:  # no such queue yet, or the transport cannot say
+                        pass
+                    finally:
+                        with contextlib.suppress(Exception):
+                            chan.close()
+        except Exception as exc:
+            log.info("queue_depth_unknown", error=f"{type(exc).__name__}: {exc}"[:200])
+        return counts
 
     def send(self, name: str, *args: Any, countdown: float | None = None) -> None:
         # the task object, not send_task: the app's own routing and eager mode apply

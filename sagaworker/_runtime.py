@@ -30,6 +30,10 @@ class Bus(Protocol):
 
     def send_advance(self, saga_id: str) -> None: ...
 
+    def queue_of(self, tool: str, queue: str | None) -> str | None: ...
+
+    def ready(self, queues: set[str]) -> dict[str, int]: ...
+
 
 class Runtime:
     """The shared parts; the journal's engine is made on first use (after a fork too)."""

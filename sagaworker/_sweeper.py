@@ -187,12 +187,40 @@ class Sweeper:
             sagas.c.status.in_(_OPEN), sagas.c.fail_requested_at.is_(None)))
 
     def _relay(self) -> int:
-        """The outbox relay: INTENT journaled but never started (publish lost or refused)."""
-        rows = self._entries(and_(
+        """The outbox relay: INTENT journaled but never started (publish lost or refused).
+
+        A step not started after ``relay_after`` is either lost or still waiting in a
+        queue behind others. Resending the waiting ones would multiply a backlog (every
+        copy is one more message and one more claim to refuse), so rows of a queue the
+        broker says holds messages are left until it drains, or for an hour at most.
+        """
+        unstarted = and_(
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
             func.coalesce(entries.c.published_at, entries.c.created_at)
-            < self._ago(self.rt.settings.relay_after), self._open_saga()))
+            < self._ago(self.rt.settings.relay_after), self._open_saga())
+        rows = self._entries(and_(unstarted, *self._backlogged(unstarted)))
         return self._resend(rows, "step_relayed")
+
+    def _backlogged(self, unstarted: Any) -> list[Any]:
+        """Conditions leaving out the rows whose queue has messages waiting."""
+        with self.rt.journal.reader.connect() as conn:
+            pairs = conn.execute(select(entries.c.tool_name, entries.c.queue)
+                                 .where(unstarted).distinct().limit(_BATCH)).all()
+        if not pairs:
+            return []
+        bus = self.rt.bus
+        routed = {(t, q): bus.queue_of(t, q) for t, q in pairs}
+        ready = bus.ready({q for q in routed.values() if q})
+        busy = [(t, q) for (t, q), name in routed.items() if name and ready.get(name, 0) > 0]
+        if not busy:
+            return []
+        log.info("relay_deferred", queues=sorted({str(routed[p]) for p in busy}),
+                 detail="their queues hold messages: the steps may be waiting there")
+        old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
+            _MAX_BACKOFF)
+        return [or_(old, ~and_(entries.c.tool_name == t,
+                               entries.c.queue.is_(None) if q is None else entries.c.queue == q))
+                for t, q in busy]
 
     def _retries(self) -> int:
         """Attempts that raised whose Celery retry message never came (lost with a worker

@@ -116,6 +116,12 @@ class _InProcessBus:
     def send_advance(self, saga_id: str) -> None:
         (self.sw.executor.advance or self.sw.flows.advance)(saga_id)
 
+    def queue_of(self, tool: str, queue: str | None) -> str | None:
+        return None  # messages run at once here: no queue to wait in
+
+    def ready(self, queues: set[str]) -> dict[str, int]:
+        return {}
+
 
 @contextlib.contextmanager
 def harness(sw: Sagaworker) -> Iterator[_Plan]:

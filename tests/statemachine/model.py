@@ -79,6 +79,12 @@ class RecordingBus:
     def send_advance(self, saga_id: str) -> None:
         pass  # the model has no flows
 
+    def queue_of(self, tool: str, queue: str | None) -> str | None:
+        return None  # one list for every queue: the relay's backlog check does not apply
+
+    def ready(self, queues: set[str]) -> dict[str, int]:
+        return {}
+
 
 def build(url: str) -> Sagaworker:
     app = Celery("model", broker="memory://")
