@@ -28,6 +28,7 @@ __all__ = ["Sweeper"]
 log = get_logger()
 _BATCH = 500
 _MAX_BACKOFF = 3600.0
+_ASK_ROUNDS = 8  # rounds of asking the broker about a relay batch's queues
 _OPEN = [s.value for s in OPEN]
 
 
@@ -61,13 +62,23 @@ class Sweeper:
 
     def _take(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
         """The rows matching ``where`` whose resend is due, each taken by one sweeper."""
-        base = self.rt.settings.relay_after
+        return self._claim(table, keys, self._due(table, keys, where))
+
+    def _due(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
+        """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
         due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
         with self.rt.journal.engine.connect() as conn:
             # a stable order (oldest key first): a resend pass is reproducible, and a long
             # backlog is worked through rather than sampled by the heap's order
-            found = conn.execute(select(table).where(where, due)
-                                 .order_by(*[table.c[k] for k in keys]).limit(_BATCH)).all()
+            return list(conn.execute(select(table).where(where, due)
+                                     .order_by(*[table.c[k] for k in keys])
+                                     .limit(_BATCH)).all())
+
+    def _claim(self, table: Table, keys: list[Any], found: list[Any]) -> list[Any]:
+        """Each row of ``found`` whose resend is still due, taken with a compare-and-set
+        (of many sweepers one takes it) and put on its backoff."""
+        base = self.rt.settings.relay_after
+        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
         taken = []
         for r in found:
             delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
@@ -198,29 +209,41 @@ class Sweeper:
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
             func.coalesce(entries.c.published_at, entries.c.created_at)
             < self._ago(self.rt.settings.relay_after), self._open_saga())
-        rows = self._entries(and_(unstarted, *self._backlogged(unstarted)))
-        return self._resend(rows, "step_relayed")
-
-    def _backlogged(self, unstarted: Any) -> list[Any]:
-        """Conditions leaving out the rows whose queue has messages waiting."""
-        with self.rt.journal.reader.connect() as conn:
-            pairs = conn.execute(select(entries.c.tool_name, entries.c.queue)
-                                 .where(unstarted).distinct().limit(_BATCH)).all()
-        if not pairs:
-            return []
-        bus = self.rt.bus
-        routed = {(t, q): bus.queue_of(t, q) for t, q in pairs}
-        ready = bus.ready({q for q in routed.values() if q})
-        busy = [(t, q) for (t, q), name in routed.items() if name and ready.get(name, 0) > 0]
-        if not busy:
-            return []
-        log.info("relay_deferred", queues=sorted({str(routed[p]) for p in busy}),
-                 detail="their queues hold messages: the steps may be waiting there")
+        keys = ["saga_id", "seq"]
         old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
             _MAX_BACKOFF)
-        return [or_(old, ~and_(entries.c.tool_name == t,
-                               entries.c.queue.is_(None) if q is None else entries.c.queue == q))
-                for t, q in busy]
+        held: list[Any] = []
+        checked: set[tuple[str, str | None]] = set()
+        # the batch's queues are asked; rows of a busy one are set aside and the batch
+        # taken again (the next rows may be of other queues), until every queue the
+        # batch holds has been asked: one round in the usual case, a few at most
+        for _ in range(_ASK_ROUNDS):
+            found = self._due(entries, keys, and_(unstarted, *held))
+            pairs = {(r.tool_name, r.queue) for r in found} - checked
+            if not pairs:
+                break
+            checked |= pairs
+            busy = self._busy(pairs)
+            if not busy:
+                break
+            held += [or_(old, ~and_(entries.c.tool_name == t,
+                                    entries.c.queue.is_(None) if q is None
+                                    else entries.c.queue == q))
+                     for t, q in busy]
+        else:
+            found = self._due(entries, keys, and_(unstarted, *held))
+        return self._resend(self._claim(entries, keys, found), "step_relayed")
+
+    def _busy(self, pairs: set[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+        """The (tool, queue) pairs whose broker queue has messages waiting."""
+        bus = self.rt.bus
+        routed = {p: bus.queue_of(*p) for p in sorted(pairs, key=str)}
+        ready = bus.ready({q for q in routed.values() if q})
+        busy = [p for p, name in routed.items() if name and ready.get(name, 0) > 0]
+        if busy:
+            log.info("relay_deferred", queues=sorted({str(routed[p]) for p in busy}),
+                     detail="their queues hold messages: the steps may be waiting there")
+        return busy
 
     def _retries(self) -> int:
         """Attempts that raised whose Celery retry message never came (lost with a worker
