@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                              ("minimal", "sagaworker"))
             try:
                 results["big_journal"] = suites.big_journal(b, sizes, a.big_steps, a.rounds)
+                log("prune, then step throughput again")
+                results["after_prune"] = suites.after_prune(b, a.big_steps, a.rounds)
             finally:
                 b.close()
     finally:

@@ -75,6 +75,15 @@ def render(r: dict[str, Any]) -> str:
         out.append("\n### 4. Step throughput with a big journal (RabbitMQ)\n")
         out.append(_table(["journal rows (target)", "rows at end", "minimal steps/s",
                            "sagaworker steps/s", "sw/minimal", "fill s"], rows))
+    ap = r.get("after_prune")
+    if ap:
+        s = ap["systems"]
+        out.append(f"\nafter `sw.prune(12 h)`: {ap['sagas_deleted']:,} sagas, "
+                   f"{ap['entries_before'] - ap['entries_after']:,} entries deleted in "
+                   f"{_f(ap['prune_seconds'])} s ({_f(ap['prune_entries_per_s'], 0)} entries/s); "
+                   f"then {_f(s['sagaworker']['steps_per_s'])} sagaworker steps/s, "
+                   f"{_f(s['minimal']['steps_per_s'])} minimal (sw/minimal "
+                   f"{_f(ap.get('ratio_vs_minimal'), 2)})")
     rss = r.get("rss_mib")
     if rss:
         rows = []

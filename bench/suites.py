@@ -443,6 +443,26 @@ def big_journal(b: Bench, sizes: tuple[int, ...], n: int, rounds: int) -> dict[s
     return out
 
 
+def after_prune(b: Bench, n: int, rounds: int) -> dict[str, Any]:
+    """Prune the filled journal (its sagas finished a day ago) with ``sw.prune``: the
+    prune's own rate, then the step throughput again on what is left."""
+    sw = b.systems["sagaworker"].sw
+    before = journal_rows(b.db_url)
+    t = time.perf_counter()
+    sagas_deleted = sw.prune(12 * 3600.0)
+    prune_s = time.perf_counter() - t
+    after = journal_rows(b.db_url)
+    url = b.db_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:  # what the autovacuum does later
+        conn.execute("VACUUM ANALYZE sagaworker_sagas")
+        conn.execute("VACUUM ANALYZE sagaworker_entries")
+    res = step_throughput(b, n, rounds)
+    res.update(entries_before=before, entries_after=after, sagas_deleted=sagas_deleted,
+               prune_seconds=prune_s,
+               prune_entries_per_s=(before - after) / prune_s if prune_s else float("nan"))
+    return res
+
+
 # -- 6. fan-out ----------------------------------------------------------------------------
 
 
