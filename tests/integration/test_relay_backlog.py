@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 from celery import Celery
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 
 from sagaworker import Sagaworker, Settings
 from sagaworker._journal import now
@@ -23,6 +23,10 @@ from sagaworker._schema import entries, sagas
 from tests.conftest import BROKERS, _broker, need, uid
 
 pytestmark = pytest.mark.services
+
+
+#: the prefixes of the sagas this module journals
+_MINE = ("waiting", "aaa-crowd", "aaa-waiting", "zzz-lost")
 
 
 @pytest.fixture(params=["rabbitmq", "redis"])
@@ -38,6 +42,9 @@ def backlog(request: pytest.FixtureRequest, pg_url: str) -> Iterator[tuple[Sagaw
         return n
 
     yield sw, queue
+    with sw.journal.engine.begin() as conn:  # the next test's sweep starts without them
+        conn.execute(delete(sagas).where(or_(*[sagas.c.saga_id.like(f"{p}-%")
+                                              for p in _MINE])))
     with sw.app.connection_for_write() as conn:
         for q in (queue, f"{queue}.sw"):
             with contextlib.suppress(Exception):  # never declared (Redis: no empty list)
@@ -105,3 +112,35 @@ def test_steps_waiting_in_their_queue_are_not_resent(backlog: tuple[Sagaworker, 
     sw.sweeper.sweep()
     assert resends(sw, saga_id) == [1] * 10
     assert depth(sw, queue) == 10
+
+
+def test_a_lost_step_behind_a_backlogged_batch_is_relayed(
+        backlog: tuple[Sagaworker, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch (cut to 5 rows here) all of a backlogged queue does not hold back a lost
+    step of another queue whose key sorts after them: the busy queue's rows are set aside
+    and the batch taken again."""
+    monkeypatch.setattr("sagaworker._sweeper._BATCH", 5)
+    sw, queue = backlog
+    waiting = uid("aaa-waiting")
+    tool = sw.registry.tool(next(iter(sw.registry.tools)))
+    assert tool is not None
+    sw.begin(waiting).enqueue_many([(tool.task, (i,), {}) for i in range(10)])
+    age(sw, waiting)
+    lost, elsewhere = uid("zzz-lost"), uid("elsewhere")
+    t = now() - timedelta(seconds=60)
+    with sw.journal.engine.begin() as conn:  # journaled, its publish lost
+        conn.execute(insert(sagas).values(saga_id=lost, status="RUNNING", created_at=t,
+                                          updated_at=t, last_seq=1, exec_counter=0,
+                                          metadata={}))
+        conn.execute(insert(entries).values(
+            saga_id=lost, seq=1, tool_name=tool.name, phase="INTENT", args=[7], kwargs={},
+            args_digest="0" * 64, queue=elsewhere, created_at=t, updated_at=t))
+    try:
+        sw.sweeper.sweep()
+        assert resends(sw, waiting) == [0] * 10
+        assert depth(sw, queue) == 10
+        assert resends(sw, lost) == [1], "the lost step was held back by the busy batch"
+        assert depth(sw, elsewhere) == 1
+    finally:
+        with sw.app.connection_for_write() as conn, contextlib.suppress(Exception):
+            conn.default_channel.queue_delete(elsewhere)
