@@ -226,9 +226,10 @@ class Sweeper:
             busy = self._busy(pairs)
             if not busy:
                 break
+            # IS NOT DISTINCT FROM: a NULL queue compared with "=" would make the whole
+            # condition NULL and set aside rows of other queues too
             held += [or_(old, ~and_(entries.c.tool_name == t,
-                                    entries.c.queue.is_(None) if q is None
-                                    else entries.c.queue == q))
+                                    entries.c.queue.is_not_distinct_from(q)))
                      for t, q in busy]
         else:
             found = self._due(entries, keys, and_(unstarted, *held))
