@@ -24,7 +24,6 @@ from sqlalchemy import (
     delete,
     exists,
     insert,
-    or_,
     select,
     update,
 )
@@ -390,19 +389,25 @@ class Journal:
         done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
         if include_dirty:
             done.append(SagaStatus.COMPENSATION_FAILED.value)
-        # finished_at is set by every move to a terminal status (index status, finished_at);
-        # a terminal saga without one predates it (migration 0004 fills those in)
-        due = [sagas.c.status.in_(done),
-               or_(sagas.c.finished_at < cutoff, sagas.c.finished_at.is_(None)),
-               sagas.c.updated_at < cutoff]
-        if not include_dirty:
-            due.append(~exists().where(entries.c.saga_id == sagas.c.saga_id,
-                                        entries.c.in_doubt.is_(True)))
+        clean = [] if include_dirty else [~exists().where(
+            entries.c.saga_id == sagas.c.saga_id, entries.c.in_doubt.is_(True))]
 
         def body(conn: Connection) -> PruneBatch:
-            ids = list(conn.execute(
-                select(sagas.c.saga_id).where(*due).order_by(sagas.c.finished_at)
-                .limit(batch).with_for_update(skip_locked=True)).scalars())
+            # one status at a time, oldest first: each query is a range of the index
+            # (status, finished_at) read in its order and stopped at the batch's size (with
+            # "status IN (...)" or an OR, PostgreSQL read and sorted every terminal saga
+            # for each batch). finished_at is set by every move to a terminal status; a
+            # terminal saga without one predates it (migration 0004 fills those in)
+            ids: list[str] = []
+            for status in done:
+                for finished in (sagas.c.finished_at < cutoff, sagas.c.finished_at.is_(None)):
+                    if len(ids) < batch:
+                        ids += conn.execute(
+                            select(sagas.c.saga_id)
+                            .where(sagas.c.status == status, finished,
+                                   sagas.c.updated_at < cutoff, *clean)
+                            .order_by(sagas.c.finished_at).limit(batch - len(ids))
+                            .with_for_update(skip_locked=True)).scalars()
             if not ids:
                 return PruneBatch(0, 0)
             # the saga rows are locked (every transition locks its saga row first), so

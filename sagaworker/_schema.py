@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 from ._crypto import SealedJSON
@@ -141,6 +142,10 @@ entries = Table(
     Column("rejected_at", _ts),
     Column("rejection_reason", Text),
     Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
+    # retention keeps the sagas with an in-doubt entry: without it, each batch of a prune
+    # read the whole entries table to find the (few) in-doubt rows
+    Index("ix_sagaworker_entries_in_doubt", "saga_id",
+          postgresql_where=text("in_doubt IS true"), sqlite_where=text("in_doubt IS 1")),
 )
 
 audit = Table(
