@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from sqlalchemy import Table, and_, func, or_, select, update
+from sqlalchemy import Table, and_, func, or_, select, true, update
 
 from ._dialect import aware, db_later, db_now
 from ._flows import Flows
@@ -28,7 +28,7 @@ __all__ = ["Sweeper"]
 log = get_logger()
 _BATCH = 500
 _MAX_BACKOFF = 3600.0
-_ASK_ROUNDS = 8  # rounds of asking the broker about a relay batch's queues
+_ASK_ROUNDS = 16  # rounds of asking the broker about a relay batch's queues
 _OPEN = [s.value for s in OPEN]
 
 
@@ -74,9 +74,11 @@ class Sweeper:
                                      .order_by(*[table.c[k] for k in keys])
                                      .limit(_BATCH)).all())
 
-    def _claim(self, table: Table, keys: list[Any], found: list[Any]) -> list[Any]:
-        """Each row of ``found`` whose resend is still due, taken with a compare-and-set
-        (of many sweepers one takes it) and put on its backoff."""
+    def _claim(self, table: Table, keys: list[Any], found: list[Any],
+               still: Any = None) -> list[Any]:
+        """Each row of ``found`` whose resend is still due (and that still matches
+        ``still``), taken with a compare-and-set (of many sweepers one takes it) and put on
+        its backoff."""
         base = self.rt.settings.relay_after
         due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
         taken = []
@@ -86,7 +88,8 @@ class Sweeper:
                 got = conn.execute(
                     update(table)
                     .where(*[table.c[k] == getattr(r, k) for k in keys], due,
-                           table.c.resends == r.resends)
+                           table.c.resends == r.resends,
+                           true() if still is None else still)
                     .values(resend_at=db_later(delay), resends=table.c.resends + 1)).rowcount
             if got:
                 taken.append(r)
@@ -213,36 +216,44 @@ class Sweeper:
         old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
             _MAX_BACKOFF)
         held: list[Any] = []
-        checked: set[tuple[str, str | None]] = set()
+        routes: dict[tuple[str, str | None], str | None] = {}  # (tool, queue) -> broker queue
+        depth: dict[str, int] = {}  # broker queue -> messages ready, asked once a pass
         # the batch's queues are asked; rows of a busy one are set aside and the batch
         # taken again (the next rows may be of other queues), until every queue the
         # batch holds has been asked: one round in the usual case, a few at most
         for _ in range(_ASK_ROUNDS):
             found = self._due(entries, keys, and_(unstarted, *held))
-            pairs = {(r.tool_name, r.queue) for r in found} - checked
-            if not pairs:
-                break
-            checked |= pairs
-            busy = self._busy(pairs)
+            busy = self._busy({(r.tool_name, r.queue) for r in found} - routes.keys(),
+                              routes, depth)
             if not busy:
                 break
-            # IS NOT DISTINCT FROM: a NULL queue compared with "=" would make the whole
-            # condition NULL and set aside rows of other queues too
             held += [or_(old, ~and_(entries.c.tool_name == t,
                                     entries.c.queue.is_not_distinct_from(q)))
                      for t, q in busy]
-        else:
-            found = self._due(entries, keys, and_(unstarted, *held))
-        return self._resend(self._claim(entries, keys, found), "step_relayed")
+        else:  # rounds used up: rows of queues not asked about wait for the next pass
+            found = [r for r in self._due(entries, keys, and_(unstarted, *held))
+                     if (r.tool_name, r.queue) in routes]
+        # NOT DISTINCT FROM above: a NULL queue compared with "=" would make the condition
+        # NULL and set aside rows of other queues too. The claim re-checks that the step
+        # is still unstarted (a worker may have claimed it since it was read)
+        return self._resend(self._claim(entries, keys, found, and_(
+            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None))),
+            "step_relayed")
 
-    def _busy(self, pairs: set[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
-        """The (tool, queue) pairs whose broker queue has messages waiting."""
+    def _busy(self, pairs: set[tuple[str, str | None]],
+              routes: dict[tuple[str, str | None], str | None],
+              depth: dict[str, int]) -> list[tuple[str, str | None]]:
+        """Of ``pairs`` (tool, queue), those whose broker queue has messages waiting; the
+        broker is asked only about queues this pass has not asked about yet."""
         bus = self.rt.bus
-        routed = {p: bus.queue_of(*p) for p in sorted(pairs, key=str)}
-        ready = bus.ready({q for q in routed.values() if q})
-        busy = [p for p, name in routed.items() if name and ready.get(name, 0) > 0]
+        for p in pairs:
+            routes[p] = bus.queue_of(*p)
+        ask = {q for p in pairs if (q := routes[p]) is not None} - depth.keys()
+        if ask:  # a queue the broker cannot tell about counts as empty
+            depth.update(dict.fromkeys(ask, 0) | bus.ready(ask))
+        busy = sorted((p for p in pairs if depth.get(routes[p] or "", 0) > 0), key=str)
         if busy:
-            log.info("relay_deferred", queues=sorted({str(routed[p]) for p in busy}),
+            log.info("relay_deferred", queues=sorted({str(routes[p]) for p in busy}),
                      detail="their queues hold messages: the steps may be waiting there")
         return busy
 

@@ -12,6 +12,7 @@ from sqlalchemy import update
 from sagaworker import Sagaworker
 from sagaworker._journal import now
 from sagaworker._schema import entries
+from sagaworker._types import Phase
 
 
 def test_a_step_journaled_without_a_queue_is_not_held_back_by_its_tools_busy_queue(
@@ -41,3 +42,81 @@ def test_a_step_journaled_without_a_queue_is_not_held_back_by_its_tools_busy_que
     monkeypatch.setattr(bus, "publish_step", publish)
     sqlite_sw.sweeper.sweep()
     assert sent == [("relay-q", 1)]
+
+
+def relay_world(sw: Sagaworker, monkeypatch: pytest.MonkeyPatch, blocks: int,
+                ) -> tuple[list[tuple[str, int]], list[set[str]]]:
+    """``blocks`` tools all routed to the queue "busy" (its messages waiting), five lost
+    steps each in sagas a00..; then one lost step of a tool of the empty queue "empty", in
+    saga zz (its key sorts last). The batch is cut to 5 rows: each block fills one."""
+    monkeypatch.setattr("sagaworker._sweeper._BATCH", 5)
+    monkeypatch.setattr(sw.producer, "publish", lambda *a: False)  # publishes lost
+    tools = []
+    for i in range(blocks):
+        def step(x: int) -> int:
+            return x
+        tools.append(sw.tool(queue="busy", name=f"busy.t{i:02d}")(step))
+    def lone_step(x: int) -> int:
+        return x
+    lone = sw.tool(queue="empty", name="empty.t")(lone_step)
+    for i, t in enumerate(tools):
+        sw.begin(f"a{i:02d}").enqueue_many([(t, (n,), {}) for n in range(5)])
+    sw.begin("zz").enqueue(lone, 1)
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(entries).values(created_at=now() - timedelta(seconds=60)))
+    sent: list[tuple[str, int]] = []
+    asked: list[set[str]] = []
+
+    def ready(queues: set[str]) -> dict[str, int]:
+        asked.append(set(queues))
+        return {q: 5 for q in queues if q == "busy"}
+
+    def publish(saga_id: str, seq: int, *a: Any, **k: Any) -> bool:
+        sent.append((saga_id, seq))
+        return True
+
+    monkeypatch.setattr(sw.rt.bus, "ready", ready)
+    monkeypatch.setattr(sw.rt.bus, "publish_step", publish)
+    return sent, asked
+
+
+def test_many_tools_of_one_busy_queue_cost_one_question_and_hold_back_no_lost_step(
+        sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine blocks of one busy queue, each filling a batch: the broker is asked about
+    "busy" once, none of its steps is resent, and the lost step behind them goes out in
+    the same pass (each pair once cost a question and a round: past eight rounds the
+    busy queue's steps were resent and the lost one held back)."""
+    sent, asked = relay_world(sqlite_sw, monkeypatch, blocks=9)
+    sqlite_sw.sweeper.sweep()
+    assert sent == [("zz", 1)]
+    assert asked == [{"busy"}, {"empty"}]
+
+
+def test_past_the_rounds_no_step_of_an_unasked_queue_is_resent(
+        sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounds run out before the batch's queues are all known: the rows of queues not
+    asked about wait for the next pass rather than being resent unasked."""
+    monkeypatch.setattr("sagaworker._sweeper._ASK_ROUNDS", 3)
+    sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=4)
+    sqlite_sw.sweeper.sweep()
+    assert sent == []
+
+
+def test_a_step_started_since_the_relay_read_it_is_not_taken(
+        sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the relay's read and its compare-and-set a worker claims the step (the
+    claim resets the resend count): the relay must not take it and send a duplicate."""
+    sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=0)
+    sweeper = sqlite_sw.sweeper
+    real_due = sweeper._due
+
+    def due_then_started(*a: Any) -> list[Any]:
+        rows = real_due(*a)
+        with sqlite_sw.journal.engine.begin() as conn:  # what the worker's claim writes
+            conn.execute(update(entries).values(started_at=now(), resends=0,
+                                                resend_at=None, phase=Phase.INTENT.value))
+        return rows
+
+    monkeypatch.setattr(sweeper, "_due", due_then_started)
+    assert sweeper._relay() == 0
+    assert sent == []
