@@ -227,15 +227,16 @@ class Sweeper:
                               routes, depth)
             if not busy:
                 break
+            # NOT DISTINCT FROM: a NULL queue compared with "=" would make the condition
+            # NULL and set aside rows of other queues too
             held += [or_(old, ~and_(entries.c.tool_name == t,
                                     entries.c.queue.is_not_distinct_from(q)))
                      for t, q in busy]
         else:  # rounds used up: rows of queues not asked about wait for the next pass
             found = [r for r in self._due(entries, keys, and_(unstarted, *held))
                      if (r.tool_name, r.queue) in routes]
-        # NOT DISTINCT FROM above: a NULL queue compared with "=" would make the condition
-        # NULL and set aside rows of other queues too. The claim re-checks that the step
-        # is still unstarted (a worker may have claimed it since it was read)
+        # the claim re-checks that the step is still unstarted (a worker may have claimed
+        # it since it was read)
         return self._resend(self._claim(entries, keys, found, and_(
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None))),
             "step_relayed")

@@ -11,7 +11,7 @@ from pathlib import Path
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from click.testing import CliRunner
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from sagaworker._migrate import upgrade
 from sagaworker._schema import metadata
@@ -30,6 +30,23 @@ def test_migration_matches_the_schema(tmp_path: Path) -> None:
         diff = [d for d in compare_metadata(ctx, metadata)
                 if not (d[0] == "remove_table" and d[1].name == "sagaworker_alembic_version")]
     assert diff == []
+
+
+def test_upgrade_keeps_an_index_built_beforehand(tmp_path: Path) -> None:
+    """Migration 0005's index, built by an operator ahead of the upgrade (CONCURRENTLY on
+    a busy PostgreSQL journal, as its docstring says): the upgrade goes through."""
+    url = f"sqlite:///{tmp_path / 'pre.db'}"
+    upgrade(url, "0004")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE INDEX ix_sagaworker_entries_in_doubt ON sagaworker_entries "
+                          "(saga_id) WHERE in_doubt IS 1"))
+    upgrade(url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM sagaworker_alembic_version")
+                            ).scalar() == "0005"
+    assert "ix_sagaworker_entries_in_doubt" in {
+        ix["name"] for ix in inspect(engine).get_indexes("sagaworker_entries")}
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
