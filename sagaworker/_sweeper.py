@@ -60,9 +60,12 @@ class Sweeper:
 
     # -- taking rows on a backoff -------------------------------------------------------
 
-    def _take(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
-        """The rows matching ``where`` whose resend is due, each taken by one sweeper."""
-        return self._claim(table, keys, self._due(table, keys, where))
+    def _take(self, table: Table, keys: list[Any], where: Any, still: Any = None) -> list[Any]:
+        """The rows matching ``where`` whose resend is due, each taken by one sweeper if it
+        still matches ``still`` (by default ``where``: a row that moved on between the read
+        and the take, a step claimed, a chain touched, is not sent again)."""
+        return self._claim(table, keys, self._due(table, keys, where),
+                           where if still is None else still)
 
     def _due(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
         """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
@@ -98,8 +101,8 @@ class Sweeper:
     def _sagas(self, where: Any) -> list[Any]:
         return self._take(sagas, ["saga_id"], where)
 
-    def _entries(self, where: Any) -> list[Any]:
-        return self._take(entries, ["saga_id", "seq"], where)
+    def _entries(self, where: Any, still: Any = None) -> list[Any]:
+        return self._take(entries, ["saga_id", "seq"], where, still)
 
     def _ago(self, seconds: float) -> Any:
         return db_later(-seconds)
@@ -261,11 +264,13 @@ class Sweeper:
     def _retries(self) -> int:
         """Attempts that raised whose Celery retry message never came (lost with a worker
         that held it, a purged queue): sent again with their retry count."""
-        rows = self._entries(and_(
+        waiting = and_(
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_not(None),
             entries.c.lease_until.is_(None),
             func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
-            < self._ago(self.rt.settings.relay_after), self._open_saga()))
+            < self._ago(self.rt.settings.relay_after))
+        # the take re-checks the row, not the saga (a subquery per row)
+        rows = self._entries(and_(waiting, self._open_saga()), waiting)
         return self._resend(rows, "step_retry_resent")
 
     def _in_doubt(self) -> int:

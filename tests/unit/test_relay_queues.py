@@ -120,3 +120,30 @@ def test_a_step_started_since_the_relay_read_it_is_not_taken(
     monkeypatch.setattr(sweeper, "_due", due_then_started)
     assert sweeper._relay() == 0
     assert sent == []
+
+
+def test_a_retry_claimed_since_the_sweeper_read_it_is_not_resent(
+        sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that raised waits for its Celery retry message; the sweeper reads it as
+    lost, then the retry arrives and a worker claims it (a lease) before the sweeper's
+    take: the take re-checks the row and sends nothing."""
+    sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=0)
+    old = now() - timedelta(seconds=60)
+    with sqlite_sw.journal.engine.begin() as conn:  # raised, its retry message not yet seen
+        conn.execute(update(entries).values(started_at=old, updated_at=old, lease_until=None))
+    sweeper = sqlite_sw.sweeper
+    real_due = sweeper._due
+    read: list[int] = []
+
+    def due_then_claimed(*a: Any) -> list[Any]:
+        rows = real_due(*a)
+        read.append(len(rows))
+        with sqlite_sw.journal.engine.begin() as conn:  # the retry's claim
+            conn.execute(update(entries).values(lease_until=now() + timedelta(seconds=30),
+                                                resends=0, resend_at=None))
+        return rows
+
+    monkeypatch.setattr(sweeper, "_due", due_then_claimed)
+    assert sweeper._retries() == 0
+    assert read == [1], "the sweeper did not read the attempt as lost: the test proves nothing"
+    assert sent == []
