@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from sqlalchemy import Table, and_, func, or_, select, true, update
+from sqlalchemy import Table, and_, func, or_, select, update
 
 from ._dialect import aware, db_later, db_now
 from ._flows import Flows
@@ -67,23 +67,25 @@ class Sweeper:
         return self._claim(table, keys, self._due(table, keys, where),
                            where if still is None else still)
 
+    @staticmethod
+    def _resend_due(table: Table) -> Any:
+        return or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+
     def _due(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
         """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
-        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
         with self.rt.journal.engine.connect() as conn:
             # a stable order (oldest key first): a resend pass is reproducible, and a long
             # backlog is worked through rather than sampled by the heap's order
-            return list(conn.execute(select(table).where(where, due)
+            return list(conn.execute(select(table).where(where, self._resend_due(table))
                                      .order_by(*[table.c[k] for k in keys])
                                      .limit(_BATCH)).all())
 
-    def _claim(self, table: Table, keys: list[Any], found: list[Any],
-               still: Any = None) -> list[Any]:
-        """Each row of ``found`` whose resend is still due (and that still matches
-        ``still``), taken with a compare-and-set (of many sweepers one takes it) and put on
-        its backoff."""
+    def _claim(self, table: Table, keys: list[Any], found: list[Any], still: Any) -> list[Any]:
+        """Each row of ``found`` whose resend is still due and that still matches ``still``,
+        taken with a compare-and-set (of many sweepers one takes it) and put on its
+        backoff."""
         base = self.rt.settings.relay_after
-        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+        due = self._resend_due(table)
         taken = []
         for r in found:
             delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
@@ -91,8 +93,7 @@ class Sweeper:
                 got = conn.execute(
                     update(table)
                     .where(*[table.c[k] == getattr(r, k) for k in keys], due,
-                           table.c.resends == r.resends,
-                           true() if still is None else still)
+                           table.c.resends == r.resends, still)
                     .values(resend_at=db_later(delay), resends=table.c.resends + 1)).rowcount
             if got:
                 taken.append(r)
@@ -211,10 +212,11 @@ class Sweeper:
         copy is one more message and one more claim to refuse), so rows of a queue the
         broker says holds messages are left until it drains, or for an hour at most.
         """
-        unstarted = and_(
+        lost = and_(
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
             func.coalesce(entries.c.published_at, entries.c.created_at)
-            < self._ago(self.rt.settings.relay_after), self._open_saga())
+            < self._ago(self.rt.settings.relay_after))
+        unstarted = and_(lost, self._open_saga())
         keys = ["saga_id", "seq"]
         old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
             _MAX_BACKOFF)
@@ -238,11 +240,8 @@ class Sweeper:
         else:  # rounds used up: rows of queues not asked about wait for the next pass
             found = [r for r in self._due(entries, keys, and_(unstarted, *held))
                      if (r.tool_name, r.queue) in routes]
-        # the claim re-checks that the step is still unstarted (a worker may have claimed
-        # it since it was read)
-        return self._resend(self._claim(entries, keys, found, and_(
-            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None))),
-            "step_relayed")
+        # the take re-checks the row, not the saga (a subquery per row), as _take does
+        return self._resend(self._claim(entries, keys, found, lost), "step_relayed")
 
     def _busy(self, pairs: set[tuple[str, str | None]],
               routes: dict[tuple[str, str | None], str | None],

@@ -12,7 +12,6 @@ from sqlalchemy import update
 from sagaworker import Sagaworker
 from sagaworker._journal import now
 from sagaworker._schema import entries
-from sagaworker._types import Phase
 
 
 def test_a_step_journaled_without_a_queue_is_not_held_back_by_its_tools_busy_queue(
@@ -109,16 +108,18 @@ def test_a_step_started_since_the_relay_read_it_is_not_taken(
     sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=0)
     sweeper = sqlite_sw.sweeper
     real_due = sweeper._due
+    read: list[int] = []
 
     def due_then_started(*a: Any) -> list[Any]:
         rows = real_due(*a)
+        read.append(len(rows))
         with sqlite_sw.journal.engine.begin() as conn:  # what the worker's claim writes
-            conn.execute(update(entries).values(started_at=now(), resends=0,
-                                                resend_at=None, phase=Phase.INTENT.value))
+            conn.execute(update(entries).values(started_at=now(), resends=0, resend_at=None))
         return rows
 
     monkeypatch.setattr(sweeper, "_due", due_then_started)
     assert sweeper._relay() == 0
+    assert read[0] == 1, "the relay did not read the step as lost: the test proves nothing"
     assert sent == []
 
 
