@@ -9,14 +9,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# dependencies first, so a code change does not reinstall them
+# dependencies first, from pyproject alone (an empty package stands in for the source), so
+# a code change does not reinstall them
 COPY pyproject.toml README.md* ./
+RUN mkdir sagaworker && touch sagaworker/__init__.py && pip install ".[web]" \
+    && pip uninstall -y sagaworker && rm -r sagaworker
+
+# then the library (the only package of the wheel) and the example beside it
 COPY sagaworker ./sagaworker
+RUN pip install --no-deps .
 COPY tasks ./tasks
 COPY config ./config
-RUN pip install . "flask>=3.0,<4" "gunicorn>=23,<28"
-
-COPY webapp ./webapp
 COPY Procfile ./
 
 RUN useradd --create-home --uid 10001 app && mkdir -p /app/var && chown app /app/var
@@ -26,4 +29,4 @@ WORKDIR /app/var
 EXPOSE 8000
 ENV PORT=8000
 CMD ["gunicorn", "--worker-class", "gthread", "--workers", "1", "--threads", "8", \
-     "--graceful-timeout", "60", "--access-logfile", "-", "webapp:create_app()"]
+     "--graceful-timeout", "60", "--access-logfile", "-", "tasks.web:create_app()"]

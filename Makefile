@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/sagaworker demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check sagaworker tasks config tests webapp bench
+	$(BIN)/ruff check sagaworker tasks config tests bench
 	$(BIN)/mypy
 
 test: lint
@@ -46,7 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 web: $(STAMP)
-	$(BIN)/flask --app webapp:create_app run
+	$(BIN)/flask --app tasks.web:create_app run
 
 # The dashboard's browser test needs Debian's chromium (CI installs it through this).
 browser:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psycopg
 
-from sagaworker._migrate import upgrade
+from sagaworker._journal.migrate import upgrade
 
 ADMIN = "host=127.0.0.1 port=5432 user=root dbname=postgres"
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import psycopg
 
-from sagaworker._dialect import make_engine
-from sagaworker._journal import Journal, now
-from sagaworker._migrate import upgrade
+from sagaworker._journal.dialect import make_engine
+from sagaworker._journal.migrate import upgrade
+from sagaworker._journal.repository import Journal, now
 
 ADMIN = "host=127.0.0.1 port=5432 user=root dbname=postgres"
 STEPS = 10

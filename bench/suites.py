@@ -250,7 +250,7 @@ def saga_round_flow(b: Bench, m: int, threads: int) -> dict[str, float]:
     from sqlalchemy import select
 
     from bench.apps import bench_flow
-    from sagaworker._schema import sagas
+    from sagaworker._journal.schema import sagas
 
     sw = b.systems["sagaworker"].sw
     key = b.tag("flow3")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ._core import Sagaworker
-from ._dialect import make_engine
-from ._errors import (
+from ._base.errors import (
     ApprovalInvalid,
     ApprovalRejected,
     BadInput,
@@ -14,15 +12,9 @@ from ._errors import (
     SagaworkerError,
     ToolFailed,
 )
-from ._execution import current_idempotency_key
-from ._flows import FlowContext
-from ._jsonable import plain
-from ._logging import configure_logging
-from ._redact import REDACTED as REDACTED
-from ._redact import Redaction, redact_call
-from ._saga import Saga, Step, SyncSaga
-from ._settings import Settings
-from ._types import (
+from ._base.jsonable import plain
+from ._base.settings import Settings
+from ._base.types import (
     ApprovalRequest,
     CompensationContext,
     CompensationReport,
@@ -35,6 +27,14 @@ from ._types import (
     SagaResult,
     SagaStatus,
 )
+from ._core.sagaworker import Sagaworker
+from ._journal.dialect import make_engine
+from ._observe.logging import configure_logging
+from ._observe.redact import REDACTED as REDACTED
+from ._observe.redact import Redaction, redact_call
+from ._producer.saga import Saga, Step, SyncSaga
+from ._worker.execution import current_idempotency_key
+from ._worker.flows import FlowContext
 
 __all__ = [
     "ApprovalInvalid",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import secrets
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,16 +39,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 from sqlalchemy import update
 
-from ._compensation import current_compensation
-from ._dialect import make_engine
-from ._execution import ENVELOPE
-from ._flows import FlowContext, _Diverged, _Suspend
-from ._journal import Journal, now
-from ._schema import entries
-from ._types import SagaResult, SagaStatus
+from ._base.types import SagaResult, SagaStatus
+from ._journal.dialect import make_engine
+from ._journal.repository import Journal, now
+from ._journal.schema import entries
+from ._recovery.compensation import current_compensation
+from ._worker.execution import ENVELOPE
+from ._worker.flows import FlowContext, _Diverged, _Suspend
 
 if TYPE_CHECKING:
-    from ._core import Sagaworker
+    from ._core.sagaworker import Sagaworker
 
 __all__ = ["CompensationCase", "InjectedFailure", "check_compensation", "harness",
            "replay_problem"]
@@ -179,6 +180,7 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
         del sw.producer.enqueue
         rt._engine, rt._journal, rt._machine, rt.settings, rt.bus = saved
         engine.dispose()
+        shutil.rmtree(folder, ignore_errors=True)  # one throwaway journal per call, not kept
 
 
 def _spy_tool(plan: _Plan, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from celery import Celery
 from sqlalchemy import (
@@ -34,7 +37,7 @@ from sagaworker import (
     Settings,
     ToolFailed,
 )
-from sagaworker._dialect import normalize_url
+from sagaworker._journal.dialect import normalize_url
 
 ledger_md = MetaData()
 ledger = Table("test_ledger", ledger_md,
@@ -314,10 +317,22 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     def undo_pay(ctx: CompensationContext) -> None:
         record(ctx.args[0] if ctx.args else ctx.kwargs["key"], "undo", "pay")
 
-    @sw.tool()
+    @sw.tool(compensable_by="undo_object")
     def returns_object(key: str) -> Any:
         record(key, "effect", "returns_object")
         return NotJson()
+
+    @sw.compensation
+    def undo_object(ctx: CompensationContext) -> None:
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", "returns_object",
+                    result=ctx.result, args=ctx.args)
+
+    @sw.tool()
+    def typed_values(key: str, when: datetime, amount: Decimal, ref: UUID) -> dict[str, Any]:
+        """Celery's JSON types in and out: what arrived is recorded by type name."""
+        record(key, "effect", "typed_values",
+               types=[type(v).__name__ for v in (when, amount, ref)])
+        return {"next_day": when + timedelta(days=1), "double": amount * 2, "ref": ref}
 
     for flow in FLOWS:
         sw.flow()(flow)

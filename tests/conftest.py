@@ -61,10 +61,24 @@ def pg_url() -> Iterator[str]:
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
-    from sagaworker._migrate import upgrade
+    from sagaworker._journal.migrate import upgrade
 
     upgrade(url)
     yield url
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def fresh_pg_url() -> Iterator[str]:
+    """An empty PostgreSQL database (not migrated), dropped afterwards."""
+    need("PostgreSQL", _pg)
+    import psycopg
+
+    name = f"sw_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -107,7 +121,7 @@ class Cluster:
 
     def start_worker(self, concurrency: int = 2, pool: str = "prefork",
                      args: tuple[str, ...] = (), **extra_env: str) -> subprocess.Popen[bytes]:
-        from sagaworker._demo import start_worker
+        from sagaworker.cli.demo import start_worker
 
         n = len(self.workers) + 1
         log = self.tmp / f"worker{n}.log"

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from sagaworker._schema import entries
+from sagaworker._journal.schema import entries
 from tests.conftest import BROKERS, ROOT, Cluster, _broker, need, new_settings, worker_env
 from tests.faults import services
 from tests.faults._load import Figures, every, run_load, save
@@ -60,7 +60,7 @@ def restart_worker(c: Cluster, i: int = 0, extra: tuple[str, ...] = (), **env: s
     proc, log = c.workers[i]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    from sagaworker._demo import start_worker
+    from sagaworker.cli.demo import start_worker
 
     new = start_worker("tests.app", worker_env(c.settings, c.default_queue, **env), log,
                        concurrency=4, extra=(*extra, "-n", f"r{uuid.uuid4().hex[:4]}@%h"))
@@ -179,7 +179,7 @@ def test_compensation_worker_killed_mid_chain(broker: str, pg_url: str,
                                               tmp_path: Path) -> None:
     """The worker running the chains (-Q sagaworker) is SIGKILLed mid-chain and restarted."""
     c = make_cluster(broker, pg_url, tmp_path)  # tools
-    from sagaworker._demo import start_worker
+    from sagaworker.cli.demo import start_worker
 
     env = {"TEST_UNDO_SLEEP": "0.2"}
     log = tmp_path / "comp.log"

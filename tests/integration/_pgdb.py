@@ -17,7 +17,7 @@ def fresh_database(prefix: str) -> Iterator[str]:
     need("PostgreSQL", _pg)
     import psycopg
 
-    from sagaworker._migrate import upgrade
+    from sagaworker._journal.migrate import upgrade
 
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as c:

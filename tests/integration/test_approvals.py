@@ -18,8 +18,8 @@ from sagaworker import (
     SagaStatus,
     Sagaworker,
 )
-from sagaworker._approvals import Signer
-from sagaworker._schema import entries
+from sagaworker._journal.schema import entries
+from sagaworker._producer.approvals import Signer
 from tests.conftest import TEST_SECRET, Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services

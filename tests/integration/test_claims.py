@@ -12,9 +12,9 @@ from celery import Celery
 from sqlalchemy import update
 
 from sagaworker import Sagaworker
-from sagaworker._journal import now
-from sagaworker._machine import Start
-from sagaworker._schema import entries
+from sagaworker._journal.machine import Start
+from sagaworker._journal.repository import now
+from sagaworker._journal.schema import entries
 from tests.conftest import uid
 
 pytestmark = pytest.mark.services

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from tests.conftest import (
     BROKERS,
     ROOT,
     _broker,
-    _pg,
     need,
     new_settings,
     uid,
@@ -31,7 +29,7 @@ def test_worker_of_an_app_configured_after_sagaworker_compensates(
         pg_url: str, tmp_path: Path) -> None:
     """`config_from_object` after `Sagaworker(app)`, with the app's own `task_queues`: a plain
     `celery -A module worker` still consumes the sagaworker queue and compensates."""
-    from sagaworker._demo import start_worker
+    from sagaworker.cli.demo import start_worker
     from tests.app import rows
     from tests.config_app import build
 
@@ -81,19 +79,6 @@ def test_worker_of_an_app_configured_after_sagaworker_compensates(
                     ch = c.channel()
 
 
-@pytest.fixture
-def fresh_pg_url() -> Iterator[str]:
-    """An empty PostgreSQL database (not migrated), dropped afterwards."""
-    need("PostgreSQL", _pg)
-    import psycopg
-
-    name = f"sw_cli_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
-    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
 
 def test_db_upgrade_migrates_the_apps_postgresql_database(fresh_pg_url: str,
                                                          tmp_path: Path) -> None:
@@ -102,7 +87,7 @@ def test_db_upgrade_migrates_the_apps_postgresql_database(fresh_pg_url: str,
     no ./sagaworker.db appears."""
     from sqlalchemy import create_engine, inspect
 
-    from sagaworker._schema import metadata
+    from sagaworker._journal.schema import metadata
 
     (tmp_path / "pg_cli_app.py").write_text(
         "from celery import Celery\n"

@@ -6,13 +6,16 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from sagaworker import OutcomeResult, Phase, SagaStatus
-from sagaworker._celery import DEAD_LETTER_QUEUE
-from sagaworker._execution import ENVELOPE
+from sagaworker import OutcomeResult, Phase, SagaStatus, ToolFailed
+from sagaworker._core.celery import DEAD_LETTER_QUEUE
+from sagaworker._worker.execution import ENVELOPE
 from tests.conftest import ROOT, Cluster, uid, wait_for, worker_env
 
 pytestmark = pytest.mark.services
@@ -182,18 +185,48 @@ def test_undo_killed_before_its_outcome_committed_is_tried_again(
     assert [o.attempts for o in res.report.outcomes] == [2]
 
 
-def test_unjournalable_result_is_in_doubt(crash_cluster: Cluster) -> None:
-    """A result that is not JSON FAILs the step in doubt (its effect happened) and compensates."""
+def test_an_unjournalable_result_is_executed_and_undone(crash_cluster: Cluster) -> None:
+    """A result that is not JSON had its effect: the step is EXECUTED with result null and
+    the error naming the type, result() raises ToolFailed, the saga fails with that reason
+    and the step's undo runs (ctx.result None) before the earlier step's."""
     c = crash_cluster
     key = uid("k")
     saga = c.sw.begin(key)
     saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
-    saga.enqueue(c.tool("returns_object"), key)
+    step = saga.enqueue(c.tool("returns_object"), key)
+    with pytest.raises(ToolFailed, match=r"result is not JSON: tests\.app\.NotJson"):
+        step.result(timeout=T)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     e = c.sw.inspect(key).entries[1]
-    assert e.phase is Phase.FAILED and e.in_doubt and "not JSON" in (e.error or "")
-    assert [o.result for o in res.report.outcomes] == [OutcomeResult.COMPENSATED]
+    assert (e.phase, e.in_doubt, e.result) == (Phase.EXECUTED, False, None)
+    assert e.error == "result is not JSON: tests.app.NotJson"
+    assert "result is not JSON: tests.app.NotJson" in (c.sw.inspect(key).reason or "")
+    assert [(o.seq, o.result) for o in res.report.outcomes] == [
+        (2, OutcomeResult.COMPENSATED), (1, OutcomeResult.COMPENSATED)]
+    undo = [r for r in c.ledger(key) if r.kind == "undo" and r.tool == "returns_object"]
+    assert [(r.detail["result"], r.detail["args"]) for r in undo] == [(None, [key])]
+    assert not [ev for ev in c.events(key) if "lost" in str(ev.get("detail", ""))]
+
+
+def test_celerys_json_types_travel_through_the_journal(crash_cluster: Cluster) -> None:
+    """datetime, Decimal and UUID arguments reach the tool as themselves, and its result
+    comes back from the journal as kombu decodes it; the journal shows them the same."""
+    c = crash_cluster
+    key = uid("k")
+    when = datetime(2026, 12, 4, 9, 30, tzinfo=UTC)
+    ref = uuid.uuid4()
+    saga = c.sw.begin(key, metadata={"placed_at": when})
+    got = saga.enqueue(c.tool("typed_values"), key, when, Decimal("10.05"), ref=ref
+                       ).result(timeout=T)
+    assert got == {"next_day": when + timedelta(days=1), "double": Decimal("20.10"),
+                   "ref": ref}
+    assert [r.detail["types"] for r in c.ledger(key)] == [["datetime", "Decimal", "UUID"]]
+    rec = c.sw.inspect(key)
+    assert rec.metadata == {"placed_at": when}
+    assert (rec.entries[0].args, rec.entries[0].kwargs) == ([key, when, Decimal("10.05")],
+                                                            {"ref": ref})
+    saga.complete()
 
 
 def test_poison_messages_are_dead_lettered_and_the_worker_serves_on(

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 
 from sagaworker import ApprovalInvalid, OutcomeResult, Phase, SagaStatus
-from sagaworker._schema import entries
+from sagaworker._journal.schema import entries
 from tests.app import catches_failure, fan_out, gated_flow, three_steps
 from tests.conftest import Cluster, uid, wait_for
 

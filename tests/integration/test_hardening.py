@@ -74,7 +74,7 @@ def pending(sw: Sagaworker, saga_id: str) -> list[int]:
 def start_worker(c: Cluster, extra: tuple[str, ...] = (), concurrency: int = 2,
                  **env: str) -> subprocess.Popen[bytes]:
     """Cluster.start_worker, with extra `celery worker` arguments (a pool, say)."""
-    from sagaworker._demo import start_worker as start
+    from sagaworker.cli.demo import start_worker as start
 
     log = c.tmp / f"worker{len(c.workers) + 1}.log"
     proc = start("tests.app", worker_env(c.settings, c.default_queue, **env), log,
@@ -117,7 +117,7 @@ def lone(request: pytest.FixtureRequest,
     sweeper, and no worker yet: the test starts the workers it needs."""
     import psycopg
 
-    from sagaworker._migrate import upgrade
+    from sagaworker._journal.migrate import upgrade
 
     need("PostgreSQL", _pg)
     broker = BROKERS[request.param]

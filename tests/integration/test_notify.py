@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 
 from sagaworker import Sagaworker
-from sagaworker._notify import Notifier
+from sagaworker._journal.notify import Notifier
 from tests.conftest import uid
 from tests.integration._pgdb import execute, fresh_database
 
@@ -151,7 +151,7 @@ def test_waiting_registers_the_saga_and_lets_it_go_after(notify_url: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A waiting call's saga is in sagaworker_waiters while it waits (and a little after:
     the next step of a synchronous saga finds it there), then no longer."""
-    import sagaworker._notify as notify
+    import sagaworker._journal.notify as notify
 
     monkeypatch.setattr(notify, "KEEP_REGISTERED", 0.5)
     sw, thing = make_sw(notify_url)

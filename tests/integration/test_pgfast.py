@@ -18,12 +18,13 @@ from celery import Celery
 from sqlalchemy import create_engine, select
 from sqlalchemy.exc import OperationalError
 
-from sagaworker import Sagaworker, _pgfast
-from sagaworker._canonical import args_digest
-from sagaworker._execution import Executor
-from sagaworker._journal import now
-from sagaworker._schema import entries, sagas
-from sagaworker._types import Reversibility
+from sagaworker import Sagaworker
+from sagaworker._base.canonical import args_digest
+from sagaworker._base.types import Reversibility
+from sagaworker._journal import pgfast as _pgfast
+from sagaworker._journal.repository import now
+from sagaworker._journal.schema import entries, sagas
+from sagaworker._worker.execution import Executor
 from tests.conftest import uid
 
 pytestmark = pytest.mark.services

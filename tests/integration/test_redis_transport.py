@@ -17,7 +17,7 @@ from celery import Celery
 from kombu import Connection, Queue
 
 from sagaworker import Sagaworker
-from sagaworker._celery import REDIS_TRANSPORT
+from sagaworker._core.celery import REDIS_TRANSPORT
 from tests.conftest import BROKERS, _broker, need, uid
 
 pytestmark = pytest.mark.services

@@ -18,8 +18,8 @@ from celery import Celery
 from sqlalchemy import delete, insert, or_, select, update
 
 from sagaworker import Sagaworker, Settings
-from sagaworker._journal import now
-from sagaworker._schema import entries, sagas
+from sagaworker._journal.repository import now
+from sagaworker._journal.schema import entries, sagas
 from tests.conftest import BROKERS, _broker, need, uid
 
 pytestmark = pytest.mark.services
@@ -119,7 +119,7 @@ def test_a_lost_step_behind_a_backlogged_batch_is_relayed(
     """A batch (cut to 5 rows here) all of a backlogged queue does not hold back a lost
     step of another queue whose key sorts after them: the busy queue's rows are set aside
     and the batch taken again."""
-    monkeypatch.setattr("sagaworker._sweeper._BATCH", 5)
+    monkeypatch.setattr("sagaworker._recovery.sweeper._BATCH", 5)
     sw, queue = backlog
     waiting = uid("aaa-waiting")
     tool = sw.registry.tool(next(iter(sw.registry.tools)))

@@ -17,9 +17,9 @@ from celery import Celery
 from sqlalchemy import func, select, text, update
 
 from sagaworker import Sagaworker, Settings
-from sagaworker._journal import now
-from sagaworker._retention import parse_age
-from sagaworker._schema import audit, entries, sagas
+from sagaworker._journal.repository import now
+from sagaworker._journal.retention import parse_age
+from sagaworker._journal.schema import audit, entries, sagas
 from tests.integration._pgdb import fresh_database
 
 ROOT = Path(__file__).resolve().parents[2]

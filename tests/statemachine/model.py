@@ -1,6 +1,6 @@
 """A model checker for the journal's state machine (issue 10).
 
-Hypothesis drives the REAL moves (``sagaworker._machine.Machine``, the producer, the gate,
+Hypothesis drives the REAL moves (``sagaworker._journal.machine.Machine``, the producer, the gate,
 the sweeper) against a real database through interleavings of: delivery, duplicate
 delivery, a lost message, a worker dying before its claim / after it / after the effect /
 before the outcome commits, a Celery retry, a lost COMMIT (the same move replayed with the
@@ -40,10 +40,10 @@ from sagaworker import (
     SagaworkerError,
     Settings,
 )
-from sagaworker._dialect import db_later
-from sagaworker._machine import Start, UndoClaim, UndoState, new_token
-from sagaworker._schema import entries, sagas
-from sagaworker._types import TERMINAL, OutcomeResult, Phase
+from sagaworker._base.types import TERMINAL, OutcomeResult, Phase
+from sagaworker._journal.dialect import db_later
+from sagaworker._journal.machine import Start, UndoClaim, UndoState, new_token
+from sagaworker._journal.schema import entries, sagas
 
 MAX_RERUNS = 2
 #: the model's clock: the sweeper sees a row as old only once ``lapse`` moved it back by

@@ -20,7 +20,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 
 from sagaworker import ConfigurationError, FlowContext, SagaStatus, Sagaworker, Settings
-from sagaworker._canonical import args_digest
+from sagaworker._base.canonical import args_digest
 from tests.conftest import ROOT, UNIT_SECRET, _pg, need
 from tests.statemachine.model import RecordingBus
 
@@ -66,7 +66,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     need("PostgreSQL", _pg)
     import psycopg
 
-    from sagaworker._migrate import upgrade
+    from sagaworker._journal.migrate import upgrade
 
     name = f"sw_crypto_{uuid.uuid4().hex[:8]}"
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:

@@ -12,8 +12,8 @@ from sqlalchemy import update
 from structlog.testing import capture_logs
 
 from sagaworker import FlowContext, Reversibility, SagaStatus, Sagaworker, Settings
-from sagaworker._dialect import db_later
-from sagaworker._schema import entries, sagas
+from sagaworker._journal.dialect import db_later
+from sagaworker._journal.schema import entries, sagas
 from tests.statemachine.model import RecordingBus
 
 

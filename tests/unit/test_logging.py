@@ -9,7 +9,7 @@ import logging
 import structlog
 
 from sagaworker import configure_logging
-from sagaworker._logging import REDACTED, redactor
+from sagaworker._observe.logging import REDACTED, redactor
 
 
 def test_json_lines_carry_bound_context_and_redact() -> None:

@@ -29,13 +29,13 @@ from sagaworker import (
     SagaStatus,
     Sagaworker,
     Settings,
-    _redact,
     configure_logging,
     redact_call,
 )
-from sagaworker._execution import ENVELOPE
-from sagaworker._redact import RedactedRequest, error_text, secret_values
-from sagaworker._render import console, render_saga, render_sagas, to_json
+from sagaworker._observe import redact as _redact
+from sagaworker._observe.redact import RedactedRequest, error_text, secret_values
+from sagaworker._worker.execution import ENVELOPE
+from sagaworker.cli.render import console, render_saga, render_sagas, to_json
 
 SECRET = "4242424242424242"
 
@@ -222,7 +222,7 @@ def test_cli_tables_and_json_are_redacted(red_sw: Sagaworker) -> None:
 
 def test_api_and_dashboard_are_redacted(red_sw: Sagaworker) -> None:
     """The JSON API and the dashboard never show a redacted argument or its value."""
-    from webapp import create_app
+    from sagaworker.web import create_app
 
     charge = charge_of(red_sw)
     red_sw.saga("o-7", lambda s: s.call(charge, SECRET, 1), timeout=20)
@@ -242,7 +242,7 @@ def test_celery_inspect_shows_only_the_redacted_repr(red_sw: Sagaworker) -> None
     from kombu.message import Message
 
     charge = charge_of(red_sw)
-    assert charge.Request == "sagaworker._redact:RedactedRequest"
+    assert charge.Request == "sagaworker._observe.redact:RedactedRequest"
     argsrepr, kwargsrepr = _redact.call_reprs(SIG, [SECRET, 5], {ENVELOPE: {}}, ["card"])
     tm = red_sw.app.amqp.as_task_v2("id-1", charge.name, args=[SECRET, 5],
                                     kwargs={ENVELOPE: {}}, argsrepr=argsrepr,

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import update
 
 from sagaworker import Sagaworker
-from sagaworker._journal import now
-from sagaworker._schema import entries
+from sagaworker._journal.repository import now
+from sagaworker._journal.schema import entries
 
 
 def test_a_step_journaled_without_a_queue_is_not_held_back_by_its_tools_busy_queue(
@@ -48,7 +48,7 @@ def relay_world(sw: Sagaworker, monkeypatch: pytest.MonkeyPatch, blocks: int,
     """``blocks`` tools all routed to the queue "busy" (its messages waiting), five lost
     steps each in sagas a00..; then one lost step of a tool of the empty queue "empty", in
     saga zz (its key sorts last). The batch is cut to 5 rows: each block fills one."""
-    monkeypatch.setattr("sagaworker._sweeper._BATCH", 5)
+    monkeypatch.setattr("sagaworker._recovery.sweeper._BATCH", 5)
     monkeypatch.setattr(sw.producer, "publish", lambda *a: False)  # publishes lost
     tools = []
     for i in range(blocks):
@@ -95,7 +95,7 @@ def test_past_the_rounds_no_step_of_an_unasked_queue_is_resent(
         sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rounds run out before the batch's queues are all known: the rows of queues not
     asked about wait for the next pass rather than being resent unasked."""
-    monkeypatch.setattr("sagaworker._sweeper._ASK_ROUNDS", 3)
+    monkeypatch.setattr("sagaworker._recovery.sweeper._ASK_ROUNDS", 3)
     sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=4)
     sqlite_sw.sweeper.sweep()
     assert sent == []

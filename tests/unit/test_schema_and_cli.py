@@ -8,14 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
-from sagaworker._migrate import upgrade
-from sagaworker._schema import metadata
-from sagaworker.cli import main
+from sagaworker._journal.migrate import upgrade
+from sagaworker._journal.schema import metadata
+from sagaworker.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,9 +58,12 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_cli_read_commands_and_exit_codes(tmp_path: Path, monkeypatch: object) -> None:
+def test_cli_read_commands_and_exit_codes(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """show/list print JSON with --json; an unknown saga exits 1, bad usage exits 2."""
     env = _env(tmp_path)
+    for name in [m for m in sys.modules if m.split(".")[0] in ("tasks", "config")]:
+        monkeypatch.delitem(sys.modules, name)  # the CLI loads the example on this journal
     run = CliRunner().invoke
     for k, v in env.items():
         os.environ[k] = v

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from sagaworker._demo import start_worker
-from sagaworker._metrics import JournalCollector
-from sagaworker._types import SagaStatus
+from sagaworker._base.types import SagaStatus
+from sagaworker._worker.metrics import JournalCollector
+from sagaworker.cli.demo import start_worker
 from tests.conftest import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_a_long_read_does_not_block_a_writer(sqlite_sw: Any) -> None:
     producer from journaling: WAL readers hold no write lock."""
     from sqlalchemy import select
 
-    from sagaworker._schema import sagas
+    from sagaworker._journal.schema import sagas
 
     sw = sqlite_sw
     sw.begin("before")
@@ -182,8 +182,8 @@ def _short_timeout_journal(path: Path) -> Any:
     """A journal whose SQLite busy timeout is 0.1 s (the real one waits 30 s)."""
     from sqlalchemy import create_engine
 
-    from sagaworker._dialect import _sqlite_immediate_transactions
-    from sagaworker._journal import Journal
+    from sagaworker._journal.dialect import _sqlite_immediate_transactions
+    from sagaworker._journal.repository import Journal
 
     engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.1,
                                                               "check_same_thread": False})
@@ -218,7 +218,7 @@ def test_a_busy_write_gives_up_after_a_few_seconds(tmp_path: Path,
 
     from sqlalchemy.exc import OperationalError
 
-    from sagaworker import _journal
+    from sagaworker._journal import repository as _journal
 
     monkeypatch.setattr(_journal, "BUSY_RETRY_SECONDS", 0.5)
     journal = _short_timeout_journal(tmp_path / "g.db")

@@ -126,3 +126,16 @@ def test_toolkit_flags_a_flow_that_is_not_deterministic(tmp_path: Path) -> None:
         check_compensation(sw, clock_flow, "sku-1")
     with pytest.raises(TypeError, match="no registered flow"):
         check_compensation(sw, lambda s: None, "sku-1")
+
+
+def test_toolkit_leaves_no_folder_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """Each check's throwaway journal is removed when the check ends."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    sw = _flow_sw(tmp_path)
+    assert check_compensation(sw, fan_flow, "sku-9")
+    assert list(scratch.iterdir()) == []

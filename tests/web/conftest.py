@@ -9,7 +9,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from sagaworker import Sagaworker
-from webapp import create_app
+from tasks.web import create_app
 
 from .journal import ALICE_TOKEN, BOB_TOKEN, Tools, make_sw, operators, order_flow
 

@@ -12,9 +12,9 @@ from celery import Celery
 from sqlalchemy import update
 
 from sagaworker import CompensationContext, FlowContext, Reversibility, Sagaworker, Settings
-from sagaworker._journal import now
-from sagaworker._schema import audit, entries
-from webapp.auth import WebAuth, hash_token
+from sagaworker._journal.repository import now
+from sagaworker._journal.schema import audit, entries
+from sagaworker.web.auth import WebAuth, hash_token
 
 SECRET = "web-tests-approval-secret-0123456789abcdef"
 #: operator tokens of the test apps (``operators()``): the journal records these names

@@ -9,7 +9,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from sagaworker import SagaStatus, Sagaworker
-from webapp import create_app
+from tasks.web import create_app
 
 from .journal import (
     ALICE_TOKEN,

@@ -13,9 +13,9 @@ import pytest
 from flask.testing import FlaskClient
 
 from sagaworker import Phase, SagaStatus, Sagaworker
-from webapp import create_app
-from webapp.auth import AuthConfigError, WebAuth, hash_token, parse_token_lines
-from webapp.tokens import main as tokens_main
+from sagaworker.web.auth import AuthConfigError, WebAuth, hash_token, parse_token_lines
+from sagaworker.web.tokens import main as tokens_main
+from tasks.web import create_app
 
 from .journal import (
     ALICE_TOKEN,
@@ -74,7 +74,7 @@ def test_read_only_app_refuses_every_decision_with_403(states: Sagaworker, path:
         assert data["read_only"] is True
         assert "read-only" in data["error"] and "SAGAWORKER_WEB_TOKENS" in data["error"]
         assert "SAGAWORKER_WEB_TRUSTED_HEADER" in data["error"]
-        assert "python -m webapp.tokens new" in data["error"]
+        assert "python -m sagaworker.web.tokens new" in data["error"]
     _unchanged(states)
 
 
@@ -322,7 +322,7 @@ def test_repr_shows_no_hash() -> None:
 # -- the token helper ------------------------------------------------------------------------
 
 def test_tokens_new_prints_a_token_and_its_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """``python -m webapp.tokens new NAME``: stdout is the token, then ``NAME:sha256`` that
+    """``python -m sagaworker.web.tokens new NAME``: stdout is the token, then ``NAME:sha256`` that
     SAGAWORKER_WEB_TOKENS accepts and that authenticates the token as NAME."""
     assert tokens_main(["new", "erin"]) == 0
     token, line = capsys.readouterr().out.split()
@@ -338,8 +338,8 @@ def test_tokens_new_prints_a_token_and_its_line(capsys: pytest.CaptureFixture[st
 
 
 def test_tokens_module_runs(tmp_path: Path) -> None:
-    """The module runs as ``python -m webapp.tokens``; ``hash`` reads a token on stdin."""
-    got = subprocess.run([sys.executable, "-m", "webapp.tokens", "hash"], input="abc\n",
+    """The module runs as ``python -m sagaworker.web.tokens``; ``hash`` reads a token on stdin."""
+    got = subprocess.run([sys.executable, "-m", "sagaworker.web.tokens", "hash"], input="abc\n",
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == hash_token("abc")

@@ -19,7 +19,8 @@ import pytest
 from werkzeug.serving import make_server
 
 from sagaworker import Phase, SagaStatus, Sagaworker
-from webapp import WebAuth, create_app
+from sagaworker.web import WebAuth
+from tasks.web import create_app
 
 from .cdp import Browser
 from .journal import (

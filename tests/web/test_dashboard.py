@@ -152,8 +152,8 @@ def _idle(sw: Sagaworker, tools: Tools, saga_id: str) -> None:
 
     from sqlalchemy import update
 
-    from sagaworker._journal import now
-    from sagaworker._schema import entries, sagas
+    from sagaworker._journal.repository import now
+    from sagaworker._journal.schema import entries, sagas
 
     from .journal import run_step
 
@@ -223,7 +223,7 @@ def _buttons(html: str) -> list[tuple[str, str, bool]]:
 def test_read_only_dashboard_says_so_and_has_no_buttons(sw: Sagaworker, tools: Tools) -> None:
     """With no operator authentication configured the dashboard shows the read-only banner
     (how to configure it) and renders no action button, dialog or script."""
-    from webapp import WebAuth, create_app
+    from sagaworker.web import WebAuth, create_app
 
     awaiting_approval(sw, tools, "order-gated")
     compensated(sw, tools, "order-dirty", card="stuck-1")
@@ -265,7 +265,7 @@ def test_operator_dashboard_hides_buttons_until_signed_in(client: FlaskClient,
 def test_proxy_signed_in_operator_sees_the_buttons(sw: Sagaworker, tools: Tools) -> None:
     """Behind a proxy that sets the trusted header the page knows the operator: the buttons
     are shown and the operator named; without the header they stay hidden."""
-    from webapp import WebAuth, create_app
+    from sagaworker.web import WebAuth, create_app
 
     awaiting_approval(sw, tools, "order-gated")
     client = create_app(sw, auth=WebAuth(trusted_header="X-Forwarded-User")).test_client()

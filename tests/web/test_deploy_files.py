@@ -45,9 +45,9 @@ def test_procfile_has_the_four_processes() -> None:
     """The Procfile declares release, web, worker and beat with the expected programs."""
     p = procfile()
     assert set(p) == {"release", "web", "worker", "beat"}
-    assert p["release"] == ["sagaworker", "db", "upgrade"]
-    assert p["web"][0] == "gunicorn" and p["web"][-1] == "webapp:create_app()"
-    assert p["worker"] == ["sagaworker", "worker", "--loglevel=INFO"]
+    assert p["release"] == ["sagaworker", "-A", "tasks", "db", "upgrade"]
+    assert p["web"][0] == "gunicorn" and p["web"][-1] == "tasks.web:create_app()"
+    assert p["worker"] == ["sagaworker", "-A", "tasks", "worker", "--loglevel=INFO"]
     assert p["beat"] == ["celery", "-A", "tasks", "beat", "--loglevel=INFO"]
 
 

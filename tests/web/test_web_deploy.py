@@ -29,8 +29,8 @@ import pytest
 from celery import Celery
 
 from sagaworker import Phase, SagaStatus, Sagaworker
+from sagaworker.web.auth import hash_token
 from tests.conftest import BROKERS, _broker, _pg, need, uid, wait_for
-from webapp.auth import hash_token
 
 pytestmark = pytest.mark.services
 

@@ -1,0 +1,129 @@
+"""Settings from the environment (and a ``.env`` file), with defaults that need no server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "Settings", "embedded_broker_url",
+           "embedded_database_url"]
+
+#: the shortest approval secret accepted: an HMAC-SHA256 key worth its 256 bits
+MIN_SECRET_BYTES = 32
+MAKE_SECRET = ('Make one with: python -c "import secrets; '
+               'print(secrets.token_urlsafe(32))"')
+
+
+def embedded_database_url() -> str:
+    """A SQLite journal in the working directory."""
+    return f"sqlite:///{Path(os.getcwd()) / 'sagaworker.db'}"
+
+
+def embedded_broker_url() -> str:
+    """kombu's filesystem transport: works across processes, needs no server."""
+    return "filesystem://"
+
+
+class Settings(BaseSettings):
+    """Every ``SAGAWORKER_*`` variable. Unknown variables are ignored."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGAWORKER_", env_file=".env", extra="ignore", frozen=True,
+        # a rejected value (a short secret, a URL with a password) is not echoed back
+        hide_input_in_errors=True,
+    )
+
+    database_url: str = Field(default_factory=embedded_database_url)
+    broker_url: str = Field(default_factory=embedded_broker_url)
+    #: the HMAC key of approval tokens; a SecretStr, so no repr, log or traceback shows it
+    approval_secret: SecretStr | None = None
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+    compensation_retries: int = Field(default=3, ge=0)
+    #: first backoff between undo tries, doubled each try, capped at 60 s
+    compensation_backoff: float = Field(default=1.0, ge=0)
+    orphan_after: float = Field(default=300, gt=0)
+    approval_ttl: float = Field(default=86400, gt=0)
+    redeliver_after: float = Field(default=60, gt=0)
+    #: the module holding the Celery app and its Sagaworker, for the CLI (no default: a
+    #: command never guesses, so it never reads or migrates another app's journal)
+    app: str | None = None
+    #: re-runs of an idempotent step whose attempt died, before it ends FAILED in doubt
+    max_reruns: int = Field(default=3, ge=0)
+    #: seconds before an undriven RUNNING saga of the asynchronous form is reported
+    idle_after: float = Field(default=3600, gt=0)
+    redact: str = ""
+    #: comma-separated Fernet keys: the journal's arguments, results and metadata are
+    #: encrypted with the first, decrypted with any (docs/encryption.md); None: clear
+    encryption_keys: SecretStr | None = None
+    #: the queue of sagaworker's own work (failure handling, compensation, sweeps)
+    queue: str = "sagaworker"
+    #: largest JSON-encoded arguments a step may carry, in bytes
+    max_args_bytes: int = Field(default=256 * 1024, gt=0)
+    #: how long an INTENT may stay unstarted before the relay publishes it again
+    relay_after: float = Field(default=30, gt=0)
+    #: how often every worker runs the sweeper on its own timer (0 disables it)
+    sweep_interval: float = Field(default=15, ge=0)
+    #: Prometheus metrics port a worker serves (0: off)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: beat prunes terminal sagas older than this many days, daily (None: never)
+    retention_days: int | None = Field(default=None, gt=0)
+    #: filesystem broker folder (embedded default only)
+    broker_folder: str = ".sagaworker/broker"
+
+    @field_validator("approval_secret", mode="before")
+    @classmethod
+    def _secret(cls, v: Any) -> Any:
+        raw = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if raw is None or raw == "":
+            return None  # unset (an empty SAGAWORKER_APPROVAL_SECRET= line included)
+        # a short secret is kept, not refused here: refused in one line where it would be
+        # used (a worker with gated tools refuses to start; approvals refuse to sign)
+        return v
+
+    @property
+    def approval_secret_problem(self) -> str | None:
+        """Why approvals cannot work with this secret (unset, too short), or None."""
+        if self.approval_secret is None:
+            return ("SAGAWORKER_APPROVAL_SECRET is unset; approvals need it (the same value "
+                    f"on producers, workers and wherever approvals are decided). {MAKE_SECRET}")
+        n = len(self.approval_secret.get_secret_value().encode())
+        if n < MIN_SECRET_BYTES:
+            return (f"SAGAWORKER_APPROVAL_SECRET is {n} bytes; an approval secret needs at "
+                    f"least {MIN_SECRET_BYTES} random bytes. {MAKE_SECRET}")
+        return None
+
+    @field_validator("encryption_keys", mode="before")
+    @classmethod
+    def _keys(cls, v: Any) -> Any:
+        raw = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None  # unset: the journal is written in clear
+        if isinstance(raw, str):
+            from .crypto import parse_keys
+
+            parse_keys(raw)  # ConfigurationError saying how to make a key
+        return v
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, v: str) -> str:
+        return v.upper()
+
+    @property
+    def redact_keys(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.redact.split(",") if k.strip())
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a started attempt or undo is presumed alive without a heartbeat."""
+        return self.redeliver_after

@@ -1,0 +1,231 @@
+"""The three writes of every step on PostgreSQL, each one round trip.
+
+INTENT (the producer), the claim and EXECUTED (the worker) are each a single statement: a
+compare-and-set (the claim, EXECUTED) or a data-modifying CTE (INTENT bumps the saga's seq
+and inserts the entry). A single statement is atomic by itself, so it runs in autocommit
+on the driver's connection, taken from the engine's pool: no ``BEGIN`` and ``COMMIT``
+round trips, and no SQL built or compiled per call. That is a third of the client CPU of
+the SQLAlchemy form and half its wall time (``python -m bench.costs``, docs/benchmarks.md).
+Everything else, and every path that is not the common case, stays in SQLAlchemy.
+
+Failures keep the journal's rules: a connection error becomes SQLAlchemy's
+``OperationalError`` (so ``_journal.retrying`` replays a worker's move, which is a
+compare-and-set recognised by its token), the broken connection is discarded with the
+pool's others (after a PostgreSQL restart they are all stale), and an INTENT whose reply
+was lost is recognised by its task id before it is sent again (``Journal.add_entries``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, StatementError
+
+from .._base.crypto import SealedJSON
+from .._base.types import OPEN, Phase
+from .schema import entries, sagas
+
+__all__ = ["Claimed", "claim", "enabled", "executed", "intent", "intent_seq", "settle"]
+
+_S, _E = sagas.name, entries.name
+_OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
+_INTENT, _EXECUTED = Phase.INTENT.value, Phase.EXECUTED.value
+
+
+class Claimed(NamedTuple):
+    """What a claim that landed on the fast path needs of the entry (an entry no one
+    approved: a tool made gated since it was journaled is refused by ``_verify``)."""
+
+    attempts: int
+    args_digest: str
+    approved_by: str | None = None
+    approved_digest: str | None = None
+
+
+def enabled(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+
+
+def _run(engine: Engine, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """One statement in autocommit; its first row."""
+    try:
+        raw = engine.raw_connection()
+    except psycopg.Error as exc:  # the pool does not translate a failed connect
+        raise _translated(engine, sql, params, exc, None) from exc
+    try:
+        pg: psycopg.Connection[Any] = raw.driver_connection  # type: ignore[assignment]
+        pid = pg.info.backend_pid
+        try:
+            pg.autocommit = True
+            row = pg.execute(sql, params).fetchone()
+            pg.autocommit = False  # the pool hands out transactional connections
+            return row
+        except psycopg.Error as exc:
+            if pg.broken or pg.info.transaction_status != TransactionStatus.IDLE:
+                _discard(engine, raw, exc, stale=pg.broken)
+            else:
+                pg.autocommit = False  # a refused statement: the connection is fine
+            raise _translated(engine, sql, params, exc, pid) from exc
+        except BaseException:
+            # interrupted mid-statement (a soft time limit, a gevent timeout): the
+            # connection's state is unknown, so it never goes back to the pool
+            if pg.info.transaction_status != TransactionStatus.IDLE or pg.autocommit:
+                _discard(engine, raw, None, stale=False)
+            raise
+    finally:
+        raw.close()
+
+
+def _discard(engine: Engine, raw: Any, exc: BaseException | None, *, stale: bool) -> None:
+    """Throw this connection away; after a lost connection, the pool's older ones too
+    (what SQLAlchemy does on a disconnect: they are replaced lazily, at checkout)."""
+    invalidate_all = getattr(engine.pool, "_invalidate", None)
+    if stale and invalidate_all is not None:
+        invalidate_all(raw, exc)
+    else:
+        raw.invalidate(exc)
+
+
+def _translated(engine: Engine, sql: str, params: dict[str, Any], exc: psycopg.Error,
+                pid: int | None) -> StatementError:
+    err = DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=engine.dialect,
+                              connection_invalidated=isinstance(exc, psycopg.OperationalError))
+    err.sagaworker_backend_pid = pid  # type: ignore[attr-defined]
+    return err
+
+
+_ACTIVITY = "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s"
+_TERMINATE = "SELECT pg_terminate_backend(%(pid)s)"
+
+
+def settle(engine: Engine, exc: BaseException, *, timeout: float = 10.0) -> None:
+    """After a statement's connection was lost, wait until its server process is done
+    with it, so that what it did is visible (or known not to happen).
+
+    A statement can outlive its client: waiting on a row lock when the socket dropped, it
+    may still commit later. Its backend is stopped (``pg_terminate_backend``: a statement
+    waiting or running is rolled back, a COMMIT under way completes) and awaited. Raises
+    TimeoutError when that backend does not go away.
+    """
+    pid = getattr(exc, "sagaworker_backend_pid", None)
+    if pid is None:
+        return
+    deadline = time.monotonic() + timeout
+    stopped = False
+    while True:
+        row = _run(engine, _ACTIVITY, {"pid": pid})
+        if row is None or row[0] != "active":
+            return
+        if not stopped:
+            stopped = True
+            with contextlib.suppress(DBAPIError):  # not allowed to: wait for it instead
+                _run(engine, _TERMINATE, {"pid": pid})
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"PostgreSQL backend {pid} still runs a statement whose "
+                               "connection was lost")
+        time.sleep(0.05)
+
+
+def _json(engine: Engine, column: str, value: Any) -> Jsonb:
+    """A JSON column's value as SQLAlchemy would bind it (sealed when keys are set)."""
+    sealed: SealedJSON = entries.c[column].type  # type: ignore[assignment]
+    return Jsonb(sealed.process_bind_param(value, engine.dialect))
+
+
+_CLAIM = f"""
+UPDATE {_E} AS e SET
+    attempts = e.attempts + 1, started_at = %(t)s,
+    lease_until = statement_timestamp() + make_interval(secs => %(lease)s::double precision),
+    worker = %(worker)s, attempt_token = %(token)s, retry_due_at = NULL,
+    task_id = COALESCE(%(task_id)s, e.task_id), resends = 0, resend_at = NULL,
+    updated_at = %(t)s
+FROM {_S} AS s
+WHERE e.saga_id = %(saga)s AND e.seq = %(seq)s AND e.phase = '{_INTENT}'
+  AND e.lease_until IS NULL AND e.tool_name = %(tool)s AND e.approved_by IS NULL
+  AND s.saga_id = e.saga_id AND s.status IN ({_OPEN}) AND s.fail_requested_at IS NULL
+RETURNING e.attempts, e.args_digest
+"""
+
+
+def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, worker: str,
+          task_id: str | None, lease: float, t: datetime) -> Claimed | None:
+    """Move ``claim``, the common case: an ungated INTENT nobody holds, in an open saga not
+    asked to fail. None: not the common case (the caller takes the locked path)."""
+    row = _run(engine, _CLAIM, {"t": t, "lease": lease, "worker": worker, "token": token,
+                                "task_id": task_id, "saga": saga_id, "seq": seq,
+                                "tool": tool})
+    return None if row is None else Claimed(int(row[0]), str(row[1]))
+
+
+_EXECUTED_SQL = f"""
+WITH bump AS (
+    UPDATE {_S} SET exec_counter = exec_counter + 1, updated_at = %(t)s
+    WHERE saga_id = %(saga)s RETURNING exec_counter, status, flow)
+UPDATE {_E} SET
+    phase = '{_EXECUTED}', result = %(result)s, executed_at = %(t)s, updated_at = %(t)s,
+    exec_order = (SELECT exec_counter FROM bump), lease_until = NULL,
+    duration_ms = %(ms)s, error = %(error)s
+WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'
+  AND attempt_token = %(token)s
+RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
+"""
+
+
+def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
+             duration_ms: float, t: datetime,
+             error: str | None = None) -> tuple[str, str | None] | None:
+    """Move ``execute`` fenced by the attempt token, with the saga row's lock and the next
+    execution order taken in the same statement. (status, flow), or None on a miss."""
+    row = _run(engine, _EXECUTED_SQL, {"t": t, "saga": saga_id, "seq": seq, "token": token,
+                                       "result": _json(engine, "result", result),
+                                       "ms": duration_ms, "error": error})
+    return None if row is None else (str(row[0]), row[1])
+
+
+@functools.cache
+def _intent_sql(gated: bool) -> str:
+    status = ", status = 'AWAITING_APPROVAL'" if gated else ""
+    return f"""
+WITH bump AS (
+    UPDATE {_S} SET last_seq = last_seq + 1, updated_at = %(t)s{status}
+    WHERE saga_id = %(saga)s AND status IN ({_OPEN}) AND fail_requested_at IS NULL
+    RETURNING last_seq)
+INSERT INTO {_E} (saga_id, seq, tool_name, phase, args, kwargs, args_digest, queue,
+                  task_id, attempts, created_at, updated_at, in_doubt,
+                  compensation_attempts, approval_nonce, approval_requested_at)
+SELECT %(saga)s, last_seq, %(tool)s, %(phase)s, %(args)s, %(kwargs)s, %(digest)s,
+       %(queue)s, %(task_id)s, 0, %(t)s, %(t)s, false, 0, %(nonce)s, %(requested)s
+FROM bump
+RETURNING seq
+"""
+
+
+def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
+           kwargs: dict[str, Any], digest: str, queue: str | None, task_id: str,
+           gated: bool, nonce: str | None, t: datetime) -> int | None:
+    """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump; the seq,
+    or None when the saga takes no new steps."""
+    phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
+    row = _run(engine, _intent_sql(gated), {
+        "t": t, "saga": saga_id, "tool": tool, "phase": phase,
+        "args": _json(engine, "args", args), "kwargs": _json(engine, "kwargs", kwargs),
+        "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
+        "requested": t if gated else None})
+    return None if row is None else int(row[0])
+
+
+_INTENT_SEQ = f"SELECT seq FROM {_E} WHERE saga_id = %(saga)s AND task_id = %(task_id)s"
+
+
+def intent_seq(engine: Engine, saga_id: str, task_id: str) -> int | None:
+    """The seq of the INTENT journaled with this task id, if that statement committed."""
+    row = _run(engine, _INTENT_SEQ, {"saga": saga_id, "task_id": task_id})
+    return None if row is None else int(row[0])

@@ -1,0 +1,85 @@
+"""Is the journal ready? Named in one line at start, never as a raw SQL error later: the
+database cannot be reached (its URL shown with the password masked), or the journal's
+schema is missing or older than the code (`sagaworker db upgrade`)."""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import Engine, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from .._base.errors import ConfigurationError
+
+__all__ = ["check_journal", "masked", "unreachable"]
+
+VERSION_TABLE = "sagaworker_alembic_version"
+
+
+def masked(url: str) -> str:
+    """The URL as it may be shown: its password replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not even a URL: show its scheme only
+        return url.split("://", 1)[0] + "://…"
+
+
+def unreachable(url: str, exc: BaseException) -> ConfigurationError:
+    """The one-line refusal for a journal database that cannot be reached."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    return ConfigurationError(
+        f"cannot reach the journal database {masked(url)} ({first[:200]}); check "
+        "SAGAWORKER_DATABASE_URL (or the database_url your Sagaworker is given) and that "
+        "the server accepts connections")
+
+
+@functools.cache
+def _revisions() -> tuple[str, list[str]]:
+    """The code's head revision and every revision it knows, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    from .migrate import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    known = [r.revision for r in script.walk_revisions()][::-1]
+    head = script.get_current_head()
+    assert head is not None
+    return head, known
+
+
+def check_journal(engine: Engine, url: str) -> None:
+    """Raise ConfigurationError, in one line that names the fix, unless the journal on
+    ``engine`` can be reached and its schema is the code's (or newer)."""
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table(VERSION_TABLE):
+                raise ConfigurationError(
+                    f"the journal's tables are missing in {masked(url)}: run `sagaworker -A "
+                    "MODULE db upgrade` (the release step) before starting workers or "
+                    "producers")
+            version = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    except (DBAPIError, SQLAlchemyError) as exc:
+        if isinstance(exc, DBAPIError) and not exc.connection_invalidated and \
+                not _is_connect_error(exc):
+            raise ConfigurationError(
+                f"cannot read the journal's schema version in {masked(url)} "
+                f"({str(getattr(exc, 'orig', exc)).splitlines()[0][:200]}); run `sagaworker "
+                "-A MODULE db upgrade`") from None
+        raise unreachable(url, exc) from None
+    head, known = _revisions()
+    if version in known and known.index(str(version)) < known.index(head):
+        raise ConfigurationError(
+            f"the journal's schema in {masked(url)} is at revision {version}, older than "
+            f"this code's {head}: run `sagaworker -A MODULE db upgrade`")
+    if version is None:
+        raise ConfigurationError(
+            f"the journal's schema in {masked(url)} has no revision: run `sagaworker -A "
+            "MODULE db upgrade`")
+
+
+def _is_connect_error(exc: DBAPIError) -> bool:
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError)

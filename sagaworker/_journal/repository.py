@@ -1,0 +1,472 @@
+"""The journal: every read and write of saga state, each one short transaction.
+
+Invariant kept throughout: every transition that another process may race is a
+compare-and-set inside a transaction that first locks the saga row (``FOR UPDATE`` on
+PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite), so step starts, EXECUTED commits, the
+RUNNING -> COMPENSATING switch and the final status are serialized per saga.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    delete,
+    exists,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+
+from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
+from .._base.types import (
+    OPEN,
+    CompensationReport,
+    EntryRecord,
+    Outcome,
+    OutcomeResult,
+    Phase,
+    SagaRecord,
+    SagaStatus,
+)
+from .._observe.logging import get_logger
+from . import pgfast as _pgfast
+from .dialect import aware, is_busy, listens, read_only
+from .notify import Notifier, Wake
+from .schema import audit, entries, metadata, sagas
+
+__all__ = ["Journal", "NewEntry", "PruneBatch", "idempotency_key", "now"]
+
+_log = get_logger()
+_NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
+
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: how long a worker-side transaction is retried while the database is unreachable
+DB_RETRY_SECONDS = 60.0
+#: how long a producer write is replayed while SQLite stays busy (after its busy timeout)
+BUSY_RETRY_SECONDS = 5.0
+
+
+def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Retry one whole transaction on a lost connection (a PostgreSQL restart, a failover).
+
+    Safe because every transition is a compare-and-set: replaying one whose commit was
+    in fact applied changes nothing.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        deadline = time.monotonic() + DB_RETRY_SECONDS
+        delay = 0.1
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                _log.warning("database_retry", error=str(exc).splitlines()[0][:200],
+                             retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    return wrapper
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
+    """Stable for one entry and purpose ("execute" or "compensate"), forever."""
+    return str(uuid.uuid5(_NS, f"{saga_id}\x00{seq}\x00{purpose}"))
+
+
+@dataclass(frozen=True)
+class PruneBatch:
+    """What one prune transaction deleted: sagas, and rows of every table together."""
+
+    sagas: int
+    rows: int
+    more: bool = False
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    tool_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    args_digest: str
+    queue: str | None
+    task_id: str
+    gated: bool
+    approval_nonce: str | None = None
+
+
+class Journal:
+    """Repository over the sagaworker tables."""
+
+    def __init__(self, engine: Engine) -> None:
+        #: write transactions (``BEGIN IMMEDIATE`` on SQLite)
+        self.engine = engine
+        #: read-only transactions: the same pool; on SQLite WAL readers, no write lock
+        self.reader = read_only(engine)
+        self._notifier: Notifier | None = None
+        self._notifier_lock = threading.Lock()
+
+    def watch(self, saga_id: str) -> AbstractContextManager[Wake]:
+        """What a call waiting on a saga sleeps on (``poll``): LISTEN/NOTIFY on PostgreSQL."""
+        if not listens(self.engine):
+            return nullcontext(Wake(None))
+        if self._notifier is None:
+            with self._notifier_lock:
+                if self._notifier is None:
+                    self._notifier = Notifier(self.engine)
+        return self._notifier.watch(saga_id)
+
+    def write(self, body: Callable[[Connection], _T]) -> _T:
+        """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
+
+        Replayed: a lost connection (once), and a busy SQLite (``database is locked``:
+        another writer held the lock past the busy timeout) on a short backoff, for at
+        most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
+        *during* COMMIT propagates, since replaying an insert whose commit may have
+        landed could journal a step twice.
+        """
+        lost_replayed = False
+        busy_until: float | None = None
+        delay = 0.01
+        while True:
+            committing = False
+            try:
+                with self.engine.connect() as conn:
+                    trans = conn.begin()  # BEGIN IMMEDIATE on SQLite: may itself be busy
+                    try:
+                        value = body(conn)
+                    except BaseException:
+                        trans.rollback()
+                        raise
+                    committing = True
+                    trans.commit()
+                    return value
+            except (OperationalError, InterfaceError) as exc:
+                if committing:
+                    raise
+                if is_busy(exc):
+                    t = time.monotonic()
+                    busy_until = t + BUSY_RETRY_SECONDS if busy_until is None else busy_until
+                    if t + delay > busy_until:
+                        raise
+                    _log.info("database_busy", retry_in_s=round(delay, 3))
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                if lost_replayed:
+                    raise
+                lost_replayed = True
+
+    def create_all(self) -> None:
+        metadata.create_all(self.engine)
+
+    # -- helpers -----------------------------------------------------------------
+
+    @staticmethod
+    def lock_saga(conn: Connection, saga_id: str) -> Any:
+        row = conn.execute(
+            select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
+        ).first()
+        return row
+
+    @staticmethod
+    def entry(conn: Connection, saga_id: str, seq: int) -> Any:
+        return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                  entries.c.seq == seq)).first()
+
+    @staticmethod
+    def touch(conn: Connection, saga_id: str, **values: Any) -> None:
+        conn.execute(
+            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(), **values)
+        )
+
+    @staticmethod
+    def set_entry(conn: Connection, saga_id: str, seq: int, *where: Any, **values: Any) -> int:
+        stmt = (
+            update(entries)
+            .where(entries.c.saga_id == saga_id, entries.c.seq == seq, *where)
+            .values(updated_at=now(), **values)
+        )
+        return conn.execute(stmt).rowcount
+
+    def audit(self, conn: Connection, saga_id: str, seq: int | None, action: str,
+              actor: str | None, detail: str | None = None) -> None:
+        conn.execute(insert(audit).values(saga_id=saga_id, seq=seq, action=action,
+                                          actor=actor, detail=detail, at=now()))
+
+    # -- producer ----------------------------------------------------------------
+
+    def create_saga(self, saga_id: str, meta: dict[str, Any], *,
+                    deadline: float | None = None, flow: str | None = None,
+                    flow_args: list[Any] | None = None,
+                    flow_kwargs: dict[str, Any] | None = None) -> None:
+        t = now()
+        try:
+            self.write(lambda conn: conn.execute(insert(sagas).values(
+                saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
+                created_at=t, updated_at=t, last_seq=0, exec_counter=0,
+                deadline_at=None if deadline is None else t + timedelta(seconds=deadline),
+                flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs)))
+        except IntegrityError as exc:
+            raise SagaExists(
+                f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
+                "to carry on the existing one"
+            ) from exc
+
+    def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
+                    expect_seq: int | None = None) -> list[int]:
+        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs.
+
+        ``expect_seq``: journal them only if the saga's last seq is still that one (a
+        flow's replay saw that much of the journal), else nothing (another replay did).
+        """
+        t = now()
+        gated = any(e.gated for e in new)
+        if len(new) == 1 and expect_seq is None and _pgfast.enabled(self.engine):
+            return [self._intent_fast(saga_id, new[0], t)]
+
+        def body(conn: Connection) -> list[int]:
+            values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
+            if expect_seq is not None:  # a flow's replay journals its next steps
+                values["advanced_at"] = t
+            if gated:
+                values["status"] = SagaStatus.AWAITING_APPROVAL.value
+            guard = [] if expect_seq is None else [sagas.c.last_seq == expect_seq]
+            bump = (update(sagas)
+                    .where(sagas.c.saga_id == saga_id,
+                           sagas.c.status.in_([s.value for s in OPEN]),
+                           sagas.c.fail_requested_at.is_(None), *guard)
+                    .values(**values)
+                    .returning(sagas.c.last_seq))
+            row = conn.execute(bump).first()
+            if row is None and expect_seq is not None:
+                return []
+            if row is None:
+                self._refuse_enqueue(conn, saga_id)
+            assert row is not None
+            first = int(row[0]) - len(new) + 1
+            conn.execute(insert(entries),
+                         [_entry_values(saga_id, first + i, e, t) for i, e in enumerate(new)])
+            return [first + i for i in range(len(new))]
+
+        return self.write(body)
+
+    def _intent_fast(self, saga_id: str, e: NewEntry, t: datetime) -> int:
+        """One step's INTENT in one round trip (``_pgfast``).
+
+        A lost connection leaves it unknown whether the statement committed: once its
+        server process is done with it (``_pgfast.settle``), the entry's task id (new for
+        every enqueue) tells, and the statement is sent again only when no entry carries
+        it. So a step is never journaled twice, and a stale connection
+        (a PostgreSQL restart) costs a retry, not an error.
+        """
+        def once() -> int | None:
+            return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
+                                  args=e.args, kwargs=e.kwargs, digest=e.args_digest,
+                                  queue=e.queue, task_id=e.task_id, gated=e.gated,
+                                  nonce=e.approval_nonce, t=t)
+
+        try:
+            seq = once()
+        except (OperationalError, InterfaceError) as exc:
+            # the statement may still be running on the server (waiting on the saga row,
+            # say): stopped and awaited first, then its commit is visible or never happens
+            _pgfast.settle(self.engine, exc)
+            seq = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
+            if seq is None:
+                seq = once()
+        if seq is None:
+            with self.reader.connect() as conn:
+                self._refuse_enqueue(conn, saga_id)
+        return seq
+
+    def _refuse_enqueue(self, conn: Connection, saga_id: str) -> NoReturn:
+        row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
+                           .where(sagas.c.saga_id == saga_id)).first()
+        if row is None:
+            raise SagaNotFound(f"no saga {saga_id!r}; begin it with sw.begin({saga_id!r}) first")
+        if row.fail_requested_at is not None and row.status in {s.value for s in OPEN}:
+            raise SagaworkerError(
+                f"saga {saga_id!r} is failing (compensation requested); it takes no new steps")
+        raise SagaworkerError(
+            f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
+            "takes new steps: begin a new saga")
+
+    # -- reads -------------------------------------------------------------------
+
+    def saga_row(self, saga_id: str) -> Any:
+        with self.reader.connect() as conn:
+            return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+
+    def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
+        """One read: the saga row and its entries in seq order."""
+        with self.reader.connect() as conn:
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                return None, []
+            return saga, list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                           .order_by(entries.c.seq)).all())
+
+    def mark_advanced(self, saga_id: str) -> None:
+        """A flow was replayed (the sweeper re-sends only advances that were lost)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
+                         .values(advanced_at=now(), resends=0, resend_at=None))
+
+    def entry_row(self, saga_id: str, seq: int) -> Any:
+        with self.reader.connect() as conn:
+            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                      entries.c.seq == seq)).first()
+
+    def inspect(self, saga_id: str) -> SagaRecord:
+        with self.reader.connect() as conn:
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
+                                   "(sw.sagas() lists recent ones)")
+            rows = conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                .order_by(entries.c.seq)).all()
+        return to_saga_record(saga, rows)
+
+    def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
+        with self.reader.connect() as conn:
+            q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
+            if status is not None:
+                q = q.where(sagas.c.status == SagaStatus(status).value)
+            rows = conn.execute(q.limit(limit)).all()
+            ids = [r.saga_id for r in rows]
+            ents = conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
+                                .order_by(entries.c.saga_id, entries.c.seq)).all() if ids else []
+        by: dict[str, list[Any]] = {}
+        for e in ents:
+            by.setdefault(e.saga_id, []).append(e)
+        return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
+
+    def orphans(self, older_than: float) -> list[Any]:
+        cutoff = now() - timedelta(seconds=older_than)
+        with self.reader.connect() as conn:
+            return list(conn.execute(
+                select(entries).where(entries.c.phase == Phase.INTENT.value,
+                                      entries.c.created_at < cutoff)
+                .order_by(entries.c.created_at)).all())
+
+    def stale(self, query: Any) -> list[Any]:
+        with self.reader.connect() as conn:
+            return list(conn.execute(query).all())
+
+
+    # -- retention -----------------------------------------------------------------
+
+    def prune_batch(self, cutoff: datetime, *, include_dirty: bool, batch: int) -> PruneBatch:
+        """Delete up to ``batch`` terminal sagas last changed before ``cutoff``, with their
+        entries and audit rows, in one short transaction.
+
+        Kept unless ``include_dirty``: COMPENSATION_FAILED sagas and sagas with an in-doubt
+        entry. The saga rows are locked first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so
+        a saga someone is writing is left for the next run; SQLite's one writer serializes
+        anyway).
+        """
+        done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
+        if include_dirty:
+            done.append(SagaStatus.COMPENSATION_FAILED.value)
+        clean = [] if include_dirty else [~exists().where(
+            entries.c.saga_id == sagas.c.saga_id, entries.c.in_doubt.is_(True))]
+
+        def body(conn: Connection) -> PruneBatch:
+            # one status at a time, oldest first: each query is a range of the index
+            # (status, finished_at) read in its order and stopped at the batch's size (with
+            # "status IN (...)" or an OR, PostgreSQL read and sorted every terminal saga
+            # for each batch). finished_at is set by every move to a terminal status; a
+            # terminal saga without one predates it (migration 0004 fills those in)
+            ids: list[str] = []
+            for status in done:
+                for finished in (sagas.c.finished_at < cutoff, sagas.c.finished_at.is_(None)):
+                    if len(ids) < batch:
+                        ids += conn.execute(
+                            select(sagas.c.saga_id)
+                            .where(sagas.c.status == status, finished,
+                                   sagas.c.updated_at < cutoff, *clean)
+                            .order_by(sagas.c.finished_at).limit(batch - len(ids))
+                            .with_for_update(skip_locked=True)).scalars()
+            if not ids:
+                return PruneBatch(0, 0)
+            # the saga rows are locked (every transition locks its saga row first), so
+            # none of them changes before this commits
+            n_audit = conn.execute(delete(audit).where(audit.c.saga_id.in_(ids))).rowcount
+            n_entries = conn.execute(delete(entries).where(entries.c.saga_id.in_(ids))).rowcount
+            n_sagas = conn.execute(delete(sagas).where(sagas.c.saga_id.in_(ids))).rowcount
+            return PruneBatch(n_sagas, n_sagas + n_entries + n_audit, more=len(ids) == batch)
+
+        return self.write(body)
+
+
+def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
+    return {
+        "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
+        "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
+        "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
+        "queue": e.queue, "task_id": e.task_id, "attempts": 0,
+        "created_at": t, "updated_at": t, "in_doubt": False,
+        "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
+        "approval_requested_at": t if e.gated else None,
+    }
+
+
+def _entry(row: Any) -> EntryRecord:
+    return EntryRecord(
+        saga_id=row.saga_id, seq=row.seq, tool_name=row.tool_name, phase=Phase(row.phase),
+        args=list(row.args or []), kwargs=dict(row.kwargs or {}), result=row.result,
+        error=row.error, task_id=row.task_id, attempts=row.attempts,
+        executed_at=aware(row.executed_at),
+        compensation=OutcomeResult(row.compensation) if row.compensation else None,
+        compensation_detail=row.compensation_detail,
+        compensation_attempts=row.compensation_attempts, in_doubt=bool(row.in_doubt),
+        queue=row.queue, idempotency_key=idempotency_key(row.saga_id, row.seq, "compensate"),
+        approved_by=row.approved_by, approved_at=aware(row.approved_at),
+        rejected_by=row.rejected_by, rejected_at=aware(row.rejected_at),
+        rejection_reason=row.rejection_reason, compensated_at=aware(row.compensated_at),
+        exec_order=row.exec_order,
+    )
+
+
+def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
+    recs = [_entry(r) for r in rows]
+    return SagaRecord(
+        saga_id=saga.saga_id, status=SagaStatus(saga.status), reason=saga.reason,
+        metadata=dict(saga.metadata or {}), created_at=aware(saga.created_at),  # type: ignore[arg-type]
+        updated_at=aware(saga.updated_at), entries=recs,  # type: ignore[arg-type]
+        report=report_of(rows, recs), flow=saga.flow, deadline_at=aware(saga.deadline_at),
+        flow_args=None if saga.flow is None else list(saga.flow_args or []),
+        flow_kwargs=None if saga.flow is None else dict(saga.flow_kwargs or {}),
+    )
+
+
+def report_of(rows: Sequence[Any], recs: Sequence[EntryRecord]) -> CompensationReport:
+    done = sorted(((r.comp_order or 0, rec) for r, rec in zip(rows, recs, strict=True)
+                   if rec.compensation is not None), key=lambda p: p[0])
+    return CompensationReport(
+        outcomes=[Outcome(seq=rec.seq, tool_name=rec.tool_name, result=rec.compensation,
+                          detail=rec.compensation_detail, attempts=rec.compensation_attempts)
+                  for _, rec in done if rec.compensation is not None],
+        in_doubt=[rec for rec in recs if rec.in_doubt],
+    )

@@ -1,0 +1,63 @@
+"""Retention: ``sw.prune`` and ``sagaworker db prune`` delete finished sagas in batches.
+
+Each batch is its own short transaction (``Journal.prune_batch``), so the journal's hot
+rows are never locked for long; on SQLite, whose one writer every producer and worker
+shares, the prune also leaves a gap between batches for them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+
+from .._observe.logging import get_logger
+from .dialect import single_writer
+from .repository import Journal, now
+
+__all__ = ["DEFAULT_BATCH", "parse_age", "prune"]
+
+_log = get_logger()
+
+DEFAULT_BATCH = 1000
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or bare seconds, to seconds."""
+    m = _AGE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not an age: write a number with an optional unit, "
+                         "s, m, h, d or w (30d, 12h, 90m, 3600)")
+    return float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
+
+
+def prune(journal: Journal, older_than: float, *, include_dirty: bool = False,
+          batch: int = DEFAULT_BATCH) -> int:
+    """Delete terminal sagas finished more than ``older_than`` seconds ago; returns how many.
+
+    Never a COMPENSATION_FAILED saga nor one with an in-doubt entry unless
+    ``include_dirty`` (an operator still has to look at those).
+    """
+    if older_than < 0:
+        raise ValueError(f"older_than must be >= 0 seconds, not {older_than}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, not {batch}")
+    cutoff = now() - timedelta(seconds=older_than)
+    gap = single_writer(journal.engine)
+    total_sagas = total_rows = 0
+    started = time.monotonic()
+    while True:
+        t = time.monotonic()
+        got = journal.prune_batch(cutoff, include_dirty=include_dirty, batch=batch)
+        total_sagas += got.sagas
+        total_rows += got.rows
+        if not got.more:
+            break
+        if gap:  # let the writers waiting on SQLite's lock in before the next batch
+            time.sleep(min(0.2, max(0.01, time.monotonic() - t)))
+    elapsed = time.monotonic() - started
+    _log.info("pruned", sagas=total_sagas, rows=total_rows, older_than_s=older_than,
+              include_dirty=include_dirty, seconds=round(elapsed, 3))
+    return total_sagas

@@ -1,0 +1,122 @@
+"""What the parts of sagaworker share: settings, the registry, the journal, the state
+machine and the message bus. ``_core`` assembles one; every part is handed it, so no part
+imports another's owner (no import circles)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from .._base.crypto import Cipher, attach, cipher_of
+from .._base.errors import ConfigurationError
+from .._base.registry import Registry
+from .._base.settings import Settings
+from .dialect import make_engine
+from .machine import Machine
+from .readiness import check_journal, masked
+from .repository import Journal
+
+__all__ = ["Bus", "Runtime"]
+
+
+class Bus(Protocol):
+    """The messages sagaworker sends (implemented on Celery by ``_messages.CeleryBus``)."""
+
+    def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                     kwargs: dict[str, Any], task_id: str, queue: str | None, *,
+                     retries: int = 0) -> bool: ...
+
+    def send_failure(self, saga_id: str, reason: str) -> None: ...
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None: ...
+
+    def send_advance(self, saga_id: str) -> None: ...
+
+    def queue_of(self, tool: str, queue: str | None) -> str | None: ...
+
+    def ready(self, queues: set[str]) -> dict[str, int]: ...
+
+
+class Runtime:
+    """The shared parts; the journal's engine is made on first use (after a fork too)."""
+
+    def __init__(self, settings: Settings, registry: Registry, bus: Bus) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.bus = bus
+        #: SAGAWORKER_ENCRYPTION_KEYS (None: the journal is written in clear); attached to
+        #: this runtime's engine only, so several Sagaworkers in a process keep their keys
+        self.cipher: Cipher | None = cipher_of(settings.encryption_keys)
+        self._engine: Any = None
+        self._journal: Journal | None = None
+        self._machine: Machine | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            with self._lock:
+                if self._journal is None:
+                    url = self.settings.database_url
+                    try:
+                        engine = make_engine(url)
+                    except Exception as exc:  # not a URL, or no driver for it
+                        raise ConfigurationError(
+                            f"SAGAWORKER_DATABASE_URL {masked(url)} is not a database URL "
+                            f"SQLAlchemy can use ({type(exc).__name__}: {exc}); write it as "
+                            "postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from None
+                    journal = Journal(engine)
+                    if engine.dialect.name == "sqlite":
+                        # the embedded default sets itself up; real databases migrate
+                        # with `sagaworker db upgrade`
+                        journal.create_all()
+                    else:
+                        try:
+                            # a mistake is named now, in one line, never as a raw SQL
+                            # error in the middle of a request; checked again next time
+                            check_journal(engine, url)
+                        except ConfigurationError:
+                            engine.dispose()
+                            raise
+                    attach(engine, self.cipher)
+                    self._engine = engine
+                    self._machine = Machine(journal, self.settings)
+                    self._journal = journal
+        return self._journal
+
+    @property
+    def machine(self) -> Machine:
+        self.journal  # noqa: B018 - makes the engine
+        assert self._machine is not None
+        return self._machine
+
+    def configure(self, settings: Settings) -> None:
+        """New settings for every part (the machine reads its leases and caps from them)."""
+        self.settings = settings
+        self.cipher = cipher_of(settings.encryption_keys)
+        if self._engine is not None:
+            attach(self._engine, self.cipher)
+        if self._machine is not None:
+            self._machine.settings = settings
+
+    def use(self, journal: Journal, settings: Settings | None = None) -> None:
+        """Point at another journal (the testing harness's in-memory one)."""
+        with self._lock:
+            if settings is not None:
+                self.settings = settings
+                self.cipher = cipher_of(settings.encryption_keys)
+            self._engine, self._journal = journal.engine, journal
+            attach(self._engine, self.cipher)
+            self._machine = Machine(journal, self.settings)
+
+    def reset_engine(self) -> None:
+        """Forget the journal's engine: the next use makes one from the settings."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+            self._engine = self._journal = self._machine = None
+
+    def dispose_engine(self) -> None:
+        """After a fork: never share the parent's pooled connections."""
+        if self._engine is not None:
+            self._engine.dispose(close=False)

@@ -1,0 +1,162 @@
+"""The journal's tables. Queries live in ``_journal``; dialect quirks in ``_dialect``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+
+from .._base.crypto import SealedJSON
+
+__all__ = ["audit", "entries", "metadata", "sagas"]
+
+metadata = MetaData()
+
+_ts = DateTime(timezone=True)
+
+
+def _sealed(table: str, column: str, *, nullable: bool = True) -> Column[Any]:
+    """A JSON column of user data: encrypted at rest when SAGAWORKER_ENCRYPTION_KEYS is set
+    (``_crypto``); the same JSON/JSONB column in the database either way."""
+    return Column(column, SealedJSON(f"{table}.{column}"), nullable=nullable)
+
+
+sagas = Table(
+    "sagaworker_sagas",
+    metadata,
+    Column("saga_id", String(200), primary_key=True),
+    Column("status", String(32), nullable=False),
+    Column("reason", Text),
+    _sealed("sagaworker_sagas", "metadata", nullable=False),
+    Column("created_at", _ts, nullable=False),
+    Column("updated_at", _ts, nullable=False),
+    # next seq to hand out; bumped in the enqueue transaction
+    Column("last_seq", Integer, nullable=False, default=0),
+    # order of EXECUTED commits: bumped under the saga row lock with each EXECUTED
+    Column("exec_counter", Integer, nullable=False, default=0),
+    # order of undo outcomes (the report's order): bumped with each outcome
+    Column("comp_counter", Integer, nullable=False, server_default="0"),
+    # a failure was asked for (saga.fail or a FAILED step) but maybe not yet handled
+    Column("fail_requested_at", _ts),
+    Column("compensation_started_at", _ts),
+    Column("finished_at", _ts),
+    # last time the compensation chain moved (sweeper resumes a stalled chain)
+    Column("chain_touched_at", _ts),
+    # the token of the failure handler that started the chain, and of the chain that
+    # closed it: a transaction replayed after a lost COMMIT recognises its own write
+    Column("chain_token", String(32)),
+    Column("closed_by", String(32)),
+    # the sweeper resends a saga's lost message on a backoff, not on every pass
+    Column("resend_at", _ts),
+    Column("resends", Integer, nullable=False, server_default="0"),
+    # flows and deadlines
+    Column("deadline_at", _ts),
+    Column("flow", String(300)),
+    _sealed("sagaworker_sagas", "flow_args"),
+    _sealed("sagaworker_sagas", "flow_kwargs"),
+    # a flow's journaled return value (SagaResult.value)
+    _sealed("sagaworker_sagas", "result"),
+    # the last time a worker advanced the flow (the sweeper re-sends a lost advance)
+    Column("advanced_at", _ts),
+    Column("idle_reported_at", _ts),
+    Index("ix_sagaworker_sagas_status_finished", "status", "finished_at"),
+    Index("ix_sagaworker_sagas_created", "created_at"),
+    Index("ix_sagaworker_sagas_deadline", "deadline_at"),
+)
+
+entries = Table(
+    "sagaworker_entries",
+    metadata,
+    Column(
+        "saga_id",
+        String(200),
+        ForeignKey("sagaworker_sagas.saga_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True),
+    Column("tool_name", String(300), nullable=False),
+    Column("phase", String(32), nullable=False),
+    _sealed("sagaworker_entries", "args", nullable=False),
+    _sealed("sagaworker_entries", "kwargs", nullable=False),
+    Column("args_digest", String(64), nullable=False),
+    Column("queue", String(200)),
+    Column("task_id", String(64)),
+    _sealed("sagaworker_entries", "result"),
+    Column("error", Text),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", _ts, nullable=False),
+    Column("updated_at", _ts, nullable=False),
+    Column("published_at", _ts),
+    Column("started_at", _ts),
+    # a running attempt holds the entry until this time (two deliveries never run at once)
+    Column("lease_until", _ts),
+    # who runs it, for people to read; no behaviour depends on it (tokens fence attempts)
+    Column("worker", String(300)),
+    # the running (or last) forward attempt's token: every write an attempt makes is a
+    # compare-and-set on it, so a stale attempt, a late heartbeat or a replayed COMMIT
+    # never touches a newer attempt
+    Column("attempt_token", String(32)),
+    # re-runs of an idempotent step whose attempt died (capped by SAGAWORKER_MAX_RERUNS)
+    Column("reruns", Integer, nullable=False, server_default="0"),
+    # an attempt that raised waits for Celery's retry message, due at this time
+    Column("retry_due_at", _ts),
+    Column("celery_retries", Integer, nullable=False, server_default="0"),
+    # the sweeper resends this entry's message on a backoff
+    Column("resend_at", _ts),
+    Column("resends", Integer, nullable=False, server_default="0"),
+    Column("executed_at", _ts),
+    Column("exec_order", Integer),
+    Column("duration_ms", Float),
+    Column("in_doubt", Boolean, nullable=False, default=False),
+    # compensation
+    Column("compensation", String(32)),
+    Column("compensation_detail", Text),
+    Column("compensation_attempts", Integer, nullable=False, default=0),
+    Column("comp_lease_until", _ts),
+    Column("comp_worker", String(300)),
+    # the running (or last) undo try's token (the same fencing as attempt_token)
+    Column("undo_token", String(32)),
+    Column("compensated_at", _ts),
+    # the order undos ran in (report order)
+    Column("comp_order", Integer),
+    # approval gate
+    Column("approval_nonce", String(64)),
+    Column("approval_requested_at", _ts),
+    Column("approved_by", String(200)),
+    Column("approved_at", _ts),
+    Column("approved_digest", String(64)),
+    Column("rejected_by", String(200)),
+    Column("rejected_at", _ts),
+    Column("rejection_reason", Text),
+    Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
+    # retention keeps the sagas with an in-doubt entry: without it, each batch of a prune
+    # read the whole entries table to find the (few) in-doubt rows
+    Index("ix_sagaworker_entries_in_doubt", "saga_id",
+          postgresql_where=text("in_doubt IS true"), sqlite_where=text("in_doubt IS 1")),
+)
+
+audit = Table(
+    "sagaworker_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("saga_id", String(200), nullable=False),
+    Column("seq", Integer),
+    Column("action", String(64), nullable=False),
+    Column("actor", String(200)),
+    Column("detail", Text),
+    Column("at", _ts, nullable=False),
+    Index("ix_sagaworker_audit_saga", "saga_id", "at"),
+)

@@ -1,0 +1,184 @@
+"""The approval gate: HMAC-signed tokens bound to one step and its exact arguments."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+from sqlalchemy import select
+
+from .._base.canonical import args_digest
+from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
+from .._base.settings import Settings
+from .._base.types import OPEN, ApprovalRequest, Phase, SagaStatus
+from .._journal.dialect import aware
+from .._journal.lifecycle import move
+from .._journal.repository import now
+from .._journal.runtime import Runtime
+from .._journal.schema import entries, sagas
+from .._observe.logging import get_logger
+
+__all__ = ["Gate", "Signer", "signer_for"]
+
+log = get_logger()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Signer:
+    """HMAC tokens over a gated step. ``problem``: why the configured secret may not be
+    used (too short); signing and verifying then refuse, saying so."""
+
+    def __init__(self, secret: str | None, ttl: float, *, problem: str | None = None) -> None:
+        self.secret, self.ttl, self.problem = secret, ttl, problem
+
+    def check(self) -> None:
+        """Raise ConfigurationError when approvals cannot work (no secret, a short one)."""
+        self._key()
+
+    def _key(self) -> bytes:
+        if not self.secret:
+            raise ConfigurationError(
+                "approvals need a secret: set SAGAWORKER_APPROVAL_SECRET (the same value on "
+                "producers, workers and wherever approvals are decided)")
+        if self.problem:
+            raise ConfigurationError(self.problem)
+        return self.secret.encode()
+
+    def sign(self, saga_id: str, seq: int, tool: str, digest: str, nonce: str) -> str:
+        body = {"s": saga_id, "q": seq, "t": tool, "d": digest, "n": nonce,
+                "e": int(time.time() + self.ttl)}
+        payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+        mac = hmac.new(self._key(), payload.encode(), hashlib.sha256).digest()
+        return f"{payload}.{_b64(mac)}"
+
+    def verify(self, token: str) -> dict[str, Any]:
+        key = self._key()
+        try:
+            payload, mac = token.strip().split(".")
+            expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
+            if not hmac.compare_digest(expected, _unb64(mac)):
+                raise ValueError("bad signature")
+            body: dict[str, Any] = json.loads(_unb64(payload))
+            saga_id, seq = body["s"], body["q"]
+            if not isinstance(saga_id, str) or not isinstance(seq, int):
+                raise ValueError("bad body")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApprovalInvalid(
+                "approval token is not valid (forged or damaged); nothing changed. Get a "
+                "fresh token from sw.pending_approvals() or `sagaworker approvals`") from exc
+        if body["e"] < time.time():
+            raise ApprovalInvalid(
+                f"approval token for saga {saga_id!r} step {seq} expired; nothing changed. "
+                "The gate is still open: get a fresh token from sw.pending_approvals()")
+        return body
+
+
+def signer_for(settings: Settings) -> Signer:
+    """The settings' signer; it refuses to sign or verify with a secret too short."""
+    secret = settings.approval_secret
+    return Signer(secret.get_secret_value() if secret is not None else None,
+                  settings.approval_ttl,
+                  problem=settings.approval_secret_problem if secret is not None else None)
+
+
+class Gate:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    @property
+    def signer(self) -> Signer:
+        return signer_for(self.rt.settings)
+
+    def pending(self) -> list[ApprovalRequest]:
+        """Open gates of sagas never asked to fail (a failing saga's gates are closed)."""
+        signer = self.signer
+        with self.rt.journal.reader.connect() as conn:
+            rows = conn.execute(select(entries).join(
+                sagas, sagas.c.saga_id == entries.c.saga_id).where(
+                entries.c.phase == Phase.AWAITING_APPROVAL.value,
+                sagas.c.status.in_([s.value for s in OPEN]),
+                sagas.c.fail_requested_at.is_(None))
+                .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
+            ).all()
+        return [ApprovalRequest(
+            saga_id=r.saga_id, seq=r.seq, tool_name=r.tool_name, args=list(r.args),
+            kwargs=dict(r.kwargs), requested_at=aware(r.approval_requested_at),  # type: ignore[arg-type]
+            token=signer.sign(r.saga_id, r.seq, r.tool_name,
+                              args_digest(r.args, r.kwargs), r.approval_nonce or ""))
+            for r in rows]
+
+    def decide(self, token: str, *, approver: str, approve: bool,
+               reason: str | None = None) -> tuple[str, int]:
+        if not isinstance(approver, str) or not approver.strip():
+            raise BadInput("approver is required: pass approver='<who decided>' (a non-empty "
+                           "string, journaled and logged with the decision); nothing changed")
+        body = self.signer.verify(token)
+        saga_id, seq = body["s"], body["q"]
+        j = self.rt.journal
+        t = now()
+        with j.engine.begin() as conn:
+            saga = j.lock_saga(conn, saga_id)
+            row = conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                     entries.c.seq == seq)).first()
+            if saga is None or row is None:
+                raise ApprovalInvalid(f"approval token names saga {saga_id!r} step {seq}, "
+                                      "which is not in the journal; nothing changed")
+            if row.phase != Phase.AWAITING_APPROVAL.value or not row.approval_nonce:
+                raise ApprovalInvalid(
+                    f"saga {saga_id!r} step {seq} is {row.phase}: already decided or "
+                    "cancelled; this token was used or is stale, nothing changed")
+            if not (hmac.compare_digest(body["n"], row.approval_nonce)
+                    and body["t"] == row.tool_name
+                    and hmac.compare_digest(body["d"], args_digest(row.args, row.kwargs))):
+                raise ApprovalInvalid(
+                    f"approval token does not match saga {saga_id!r} step {seq} (tool or "
+                    "arguments differ); nothing changed. Review the step and use the token "
+                    "sw.pending_approvals() gives for it")
+            if saga.fail_requested_at is not None or SagaStatus(saga.status) not in OPEN:
+                # Gates close once a saga was asked to fail: an IRREVERSIBLE effect never
+                # happens for a failing saga (the compensation chain cancels the gate).
+                raise ApprovalInvalid(
+                    f"saga {saga_id!r} is {saga.status} and was asked to fail "
+                    f"({saga.reason or 'no reason given'}); its gates are closed, nothing "
+                    "changed")
+            if approve:
+                # published_at: the relay counts from the approval, not the original INTENT
+                j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
+                            approved_by=approver,
+                            approved_at=t, approved_digest=body["d"], approval_nonce=None,
+                            published_at=t)
+                others = conn.execute(select(entries.c.seq).where(
+                    entries.c.saga_id == saga_id,
+                    entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
+                if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
+                    j.touch(conn, saga_id, status=move("saga", "decided").target)
+            else:
+                why = reason or "rejected"
+                j.set_entry(conn, saga_id, seq, phase=move("step", "reject").target,
+                            rejected_by=approver,
+                            rejected_at=t, rejection_reason=why, approval_nonce=None,
+                            error=f"rejected by {approver}: {why}")
+                j.touch(conn, saga_id, fail_requested_at=t,
+                        reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
+            j.audit(conn, saga_id, seq, "approve" if approve else "reject", approver, reason)
+        fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
+        if approve:
+            log.info("approval_granted", **fields)
+            self.rt.bus.publish_step(saga_id, seq, row.tool_name, list(row.args),
+                                     dict(row.kwargs), row.task_id, row.queue)
+        else:
+            log.warning("approval_rejected", reason=reason, **fields)
+            self.rt.bus.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
+                                          f"{approver}: {reason or 'rejected'}")
+        return saga_id, seq

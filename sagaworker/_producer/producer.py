@@ -1,0 +1,96 @@
+"""Publishing: INTENT is committed before any message leaves; a refused publish is relayed."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from .._base.canonical import args_digest, bad_argument, canonical_args
+from .._base.errors import BadInput, SagaworkerError
+from .._base.registry import ToolSpec
+from .._broker.messages import ENVELOPE
+from .._journal.repository import NewEntry
+from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
+from .._observe.redact import redact_call
+from .approvals import signer_for
+
+__all__ = ["Producer"]
+
+log = get_logger()
+
+
+class Producer:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def resolve(self, tool: Any) -> ToolSpec:
+        name = tool if isinstance(tool, str) else getattr(tool, "name", None)
+        spec = self.rt.registry.tool(name) if isinstance(name, str) else None
+        if spec is None:
+            raise SagaworkerError(
+                f"{tool!r} is not a sagaworker tool; decorate it with @sw.tool(...) and "
+                "enqueue the decorated function")
+        return spec
+
+    def prepare(self, tool: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> NewEntry:
+        spec = self.resolve(tool)
+        if ENVELOPE in kwargs:
+            raise BadInput(f"{ENVELOPE!r} is a reserved keyword; rename the argument")
+        if spec.signature is not None:
+            try:
+                spec.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise BadInput(f"malformed arguments for tool {spec.name!r}: {exc}; call it "
+                               f"as {spec.name}{spec.signature}") from exc
+        bad = bad_argument(spec.signature, args, kwargs)
+        if bad is not None:
+            raise BadInput(
+                f"arguments of tool {spec.name!r} are not JSON: {bad}; pass what Celery's "
+                "JSON carries (str, int, float, bool, None, list, dict, datetime, date, "
+                "time, Decimal, UUID, or a type registered with "
+                "kombu.utils.json.register_type), e.g. an id instead of an object")
+        encoded = canonical_args(args, kwargs)
+        if spec.gated:
+            # a gate that nobody could ever decide must not be journaled
+            signer_for(self.rt.settings).check()
+        limit = self.rt.settings.max_args_bytes
+        if len(encoded.encode()) > limit:
+            raise BadInput(
+                f"arguments of tool {spec.name!r} are {len(encoded.encode())} bytes, over "
+                f"the {limit}-byte limit (SAGAWORKER_MAX_ARGS_BYTES); pass a reference "
+                "(an id, a URL) instead of the data")
+        return NewEntry(tool_name=spec.name, args=list(args), kwargs=dict(kwargs),
+                        args_digest=args_digest(args, kwargs), queue=spec.queue,
+                        task_id=str(uuid.uuid4()), gated=spec.gated,
+                        approval_nonce=secrets.token_hex(16) if spec.gated else None)
+
+    def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
+                *, expect_seq: int | None = None) -> list[tuple[int, NewEntry]]:
+        """Journal the steps (one transaction), then publish the ungated ones."""
+        if not self.rt.registry.validated:
+            self.rt.registry.validate()
+        new = [self.prepare(t, a, k) for t, a, k in calls]
+        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq)
+        for e, seq in zip(new, seqs, strict=True):
+            log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
+                     task_id=e.task_id,
+                     kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
+                                        self.rt.settings.redact_keys)[1])
+            if e.gated:
+                log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
+                         approver=None)
+            else:
+                self.publish(saga_id, seq, e.tool_name, e.args, e.kwargs, e.task_id, e.queue)
+        return list(zip(seqs, new, strict=True))
+
+    def publish(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                kwargs: dict[str, Any], task_id: str, queue: str | None) -> bool:
+        """Publish one tool message; on a refusal the outbox relay sends it later."""
+        return self.rt.bus.publish_step(saga_id, seq, tool, args, kwargs, task_id, queue)
+
+    def fail(self, saga_id: str, reason: str) -> None:
+        self.rt.machine.request_failure(saga_id, reason)
+        self.rt.bus.send_failure(saga_id, reason)

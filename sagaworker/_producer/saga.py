@@ -1,0 +1,188 @@
+"""The producer side: saga handles, steps, and the synchronous form."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._base.errors import ApprovalRejected, SagaworkerError, ToolFailed
+from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
+from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
+from .._journal.runtime import Runtime
+from .producer import Producer
+
+__all__ = ["Saga", "Step", "SyncSaga", "poll"]
+
+
+def poll(check: Callable[[], Any], timeout: float | None, what: str,
+         wake: Wake | None = None) -> Any:
+    """Call ``check`` until it returns something not None.
+
+    With a ``wake`` that is listening (PostgreSQL ``LISTEN/NOTIFY``, ``Journal.watch``)
+    it sleeps until the saga changes, reading again at least every ``SAFETY_POLL``
+    seconds; otherwise it backs off from 5 ms to 50 ms.
+    """
+    wake = wake or Wake(None)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = FIRST_DELAY
+    while True:
+        wake.arm()  # before the read: a change committed after it wakes the sleep below
+        got = check()
+        if got is not None:
+            return got
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was changed")
+        pause = SAFETY_POLL if wake.listening else delay
+        if deadline is not None:
+            pause = max(0.0, min(pause, deadline - time.monotonic()))
+        wake.sleep(pause)
+        delay = min(delay * 1.5, MAX_DELAY)
+
+
+class Step:
+    """A journaled tool step; ``result()`` waits for its outcome in the journal."""
+
+    def __init__(self, rt: Runtime, saga_id: str, seq: int, task_id: str, tool: str) -> None:
+        self.rt, self.saga_id, self.seq, self.task_id, self.tool_name = (
+            rt, saga_id, seq, task_id, tool)
+
+    def __repr__(self) -> str:
+        return f"<Step {self.saga_id}#{self.seq} {self.tool_name}>"
+
+    @property
+    def phase(self) -> Phase:
+        row = self.rt.journal.entry_row(self.saga_id, self.seq)
+        return Phase(row.phase)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The journaled result; ToolFailed if it FAILED, ApprovalRejected if rejected."""
+        def check() -> Any:
+            row = self.rt.journal.entry_row(self.saga_id, self.seq)
+            return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
+
+        with self.rt.journal.watch(self.saga_id) as wake:
+            row = poll(check, timeout,
+                       f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}", wake)
+        phase = Phase(row.phase)
+        if phase is Phase.EXECUTED and row.error is None:
+            return row.result
+        if phase is Phase.REJECTED:
+            raise ApprovalRejected(
+                f"step {self.seq} ({self.tool_name}) was rejected by {row.rejected_by}: "
+                f"{row.rejection_reason}", saga_id=self.saga_id, seq=self.seq,
+                tool=self.tool_name)
+        if phase is Phase.CANCELLED:
+            raise ToolFailed(f"step {self.seq} ({self.tool_name}) was cancelled: its saga "
+                             "is compensating", saga_id=self.saga_id, seq=self.seq,
+                tool=self.tool_name)
+        raise ToolFailed(f"step {self.seq} ({self.tool_name}) failed: {row.error}",
+                         saga_id=self.saga_id, seq=self.seq, tool=self.tool_name)
+
+
+class Saga:
+    """A handle on one saga; ``sw.get(id)`` gives the same handle in another process."""
+
+    def __init__(self, rt: Runtime, producer: Producer, saga_id: str) -> None:
+        self.rt, self.producer, self.saga_id = rt, producer, saga_id
+
+    def __repr__(self) -> str:
+        return f"<Saga {self.saga_id}>"
+
+    @property
+    def status(self) -> SagaStatus:
+        return self.rt.journal.inspect(self.saga_id).status
+
+    def _steps(self, calls: list[tuple[Any, Any, dict[str, Any]]]) -> list[Step]:
+        return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
+                for seq, e in self.producer.enqueue(self.saga_id, calls)]
+
+    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
+        """Journal INTENT, commit, then publish the tool task."""
+        return self._steps([(tool, args, kwargs)])[0]
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]
+    ) -> list[Step]:
+        """Journal many independent steps in one transaction, then publish them all."""
+        return self._steps([(t, tuple(a), dict(k)) for t, a, k in calls])
+
+    def complete(self) -> None:
+        """RUNNING -> COMPLETED; refused while a step is unfinished, FAILED or gated."""
+        self.rt.machine.complete(self.saga_id)
+
+    def fail(self, reason: str) -> None:
+        """Publish the saga-failure message (journaled first, so it is never lost)."""
+        self.producer.fail(self.saga_id, reason)
+
+    def wait(self, timeout: float | None = None) -> SagaResult:
+        """The SagaResult once the saga is terminal; TimeoutError otherwise."""
+        def check() -> Any:
+            row = self.rt.journal.saga_row(self.saga_id)
+            return row if row is not None and SagaStatus(row.status) in TERMINAL else None
+
+        with self.rt.journal.watch(self.saga_id) as wake:
+            row = poll(check, timeout, f"saga {self.saga_id!r}", wake)
+        rec = self.rt.journal.inspect(self.saga_id)
+        return SagaResult(saga_id=self.saga_id, status=rec.status, value=row.result,
+                          error=None if rec.status is SagaStatus.COMPLETED else rec.reason,
+                          report=rec.report)
+
+
+class SyncSaga:
+    """What the work function of ``sw.saga`` is handed: ``s.call`` = enqueue + result."""
+
+    def __init__(self, saga: Saga, timeout: float) -> None:
+        self.saga, self.timeout = saga, timeout
+
+    @property
+    def saga_id(self) -> str:
+        return self.saga.saga_id
+
+    def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return self.saga.enqueue(tool, *args, **kwargs).result(timeout=self.timeout)
+
+    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
+        return self.saga.enqueue(tool, *args, **kwargs)
+
+
+def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> SagaResult:
+    """Run ``work`` in a begun saga; returns once it completed or finished compensating.
+
+    Whatever happens in the caller's process, the saga never stays RUNNING because of it:
+    an exception from the work, a step that FAILED (even if the work caught ToolFailed),
+    a step that does not settle in time, all fail the saga, which compensates.
+    """
+    rt = saga.rt
+    try:
+        value = work(SyncSaga(saga, timeout))
+    except Exception as exc:
+        return _fail_and_wait(saga, f"{type(exc).__name__}: {exc}", timeout)
+    try:
+        _settle(rt, saga.saga_id, timeout)
+        saga.complete()
+    except (SagaworkerError, TimeoutError) as exc:
+        # A step FAILED: its own failure message is on its way; fail() again is a no-op
+        # then, and covers a refusal to complete or steps that did not settle in time.
+        return _fail_and_wait(saga, str(exc), timeout)
+    rec = rt.journal.inspect(saga.saga_id)
+    return SagaResult(saga_id=saga.saga_id, status=SagaStatus.COMPLETED, value=value,
+                      report=rec.report)
+
+
+def _fail_and_wait(saga: Saga, reason: str, timeout: float) -> SagaResult:
+    saga.fail(reason)
+    return saga.wait(timeout)
+
+
+def _settle(rt: Runtime, saga_id: str, timeout: float) -> None:
+    """Wait for steps the work enqueued without awaiting, so complete() can decide."""
+    def check() -> Any:
+        rec = rt.journal.inspect(saga_id)
+        if any(e.phase is Phase.FAILED for e in rec.entries):
+            return True
+        busy = any(e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL) for e in rec.entries)
+        return None if busy else True
+
+    with rt.journal.watch(saga_id) as wake:
+        poll(check, timeout, f"the steps of saga {saga_id!r}", wake)

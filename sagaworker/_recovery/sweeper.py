@@ -1,0 +1,292 @@
+"""The sweeper: finds from the journal what a lost message left behind and sends it again.
+
+Run by Celery beat (``sagaworker.sweep``) and by every worker on a timer. Re-sending is
+always safe (every handler is a compare-and-set against the journal), but not free: each
+row is resent on a backoff (``resend_at``, doubling from ``SAGAWORKER_RELAY_AFTER`` up to
+an hour), taken with a compare-and-set so that of many sweepers one resends it, and a long
+queue is not multiplied by duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from sqlalchemy import Table, and_, func, or_, select, update
+
+from .._base.types import OPEN, EntryRecord, Phase, SagaStatus
+from .._journal.dialect import aware, db_later, db_now
+from .._journal.repository import _entry, now
+from .._journal.runtime import Runtime
+from .._journal.schema import entries, sagas
+from .._observe.logging import get_logger
+from .._worker.flows import Flows
+
+__all__ = ["Sweeper"]
+
+log = get_logger()
+_BATCH = 500
+_MAX_BACKOFF = 3600.0
+_ASK_ROUNDS = 16  # rounds of asking the broker about a relay batch's queues
+_OPEN = [s.value for s in OPEN]
+
+
+class Sweeper:
+    def __init__(self, rt: Runtime, flows: Flows | None = None) -> None:
+        self.rt = rt
+        self.flows = flows
+
+    def orphans(self, older_than: float) -> list[EntryRecord]:
+        return [_entry(r) for r in self.rt.journal.orphans(older_than)]
+
+    def log_orphans(self) -> int:
+        rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
+        t = now()
+        for r in rows:
+            log.error("orphan_intent", saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
+                      task_id=r.task_id, age_s=round((t - aware(r.created_at)).total_seconds(), 1))  # type: ignore[operator]
+        return len(rows)
+
+    def sweep(self) -> dict[str, int]:
+        """One pass; returns how many of each kind of work it sent again."""
+        counts = {"deadlines": self._deadlines(), "failures": self._failures(),
+                  "chains": self._chains(), "relayed": self._relay(),
+                  "retries": self._retries(), "in_doubt": self._in_doubt(),
+                  "flows": self._flows(), "idle": self._idle()}
+        if any(counts.values()):
+            log.info("sweep", **counts)
+        return counts
+
+    # -- taking rows on a backoff -------------------------------------------------------
+
+    def _take(self, table: Table, keys: list[Any], where: Any, still: Any = None) -> list[Any]:
+        """The rows matching ``where`` whose resend is due, each taken by one sweeper if it
+        still matches ``still`` (by default ``where``: a row that moved on between the read
+        and the take, a step claimed, a chain touched, is not sent again)."""
+        return self._claim(table, keys, self._due(table, keys, where),
+                           where if still is None else still)
+
+    @staticmethod
+    def _resend_due(table: Table) -> Any:
+        return or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+
+    def _due(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
+        """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
+        with self.rt.journal.engine.connect() as conn:
+            # a stable order (oldest key first): a resend pass is reproducible, and a long
+            # backlog is worked through rather than sampled by the heap's order
+            return list(conn.execute(select(table).where(where, self._resend_due(table))
+                                     .order_by(*[table.c[k] for k in keys])
+                                     .limit(_BATCH)).all())
+
+    def _claim(self, table: Table, keys: list[Any], found: list[Any], still: Any) -> list[Any]:
+        """Each row of ``found`` whose resend is still due and that still matches ``still``,
+        taken with a compare-and-set (of many sweepers one takes it) and put on its
+        backoff."""
+        base = self.rt.settings.relay_after
+        due = self._resend_due(table)
+        taken = []
+        for r in found:
+            delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
+            with self.rt.journal.engine.begin() as conn:
+                got = conn.execute(
+                    update(table)
+                    .where(*[table.c[k] == getattr(r, k) for k in keys], due,
+                           table.c.resends == r.resends, still)
+                    .values(resend_at=db_later(delay), resends=table.c.resends + 1)).rowcount
+            if got:
+                taken.append(r)
+        return taken
+
+    def _sagas(self, where: Any) -> list[Any]:
+        return self._take(sagas, ["saga_id"], where)
+
+    def _entries(self, where: Any, still: Any = None) -> list[Any]:
+        return self._take(entries, ["saga_id", "seq"], where, still)
+
+    def _ago(self, seconds: float) -> Any:
+        return db_later(-seconds)
+
+    # -- what a lost message leaves behind ----------------------------------------------
+
+    def _failures(self) -> int:
+        """Sagas asked to fail whose failure message never got handled."""
+        rows = self._sagas(and_(sagas.c.status.in_(_OPEN),
+                                sagas.c.fail_requested_at.is_not(None),
+                                sagas.c.fail_requested_at
+                                < self._ago(min(self.rt.settings.relay_after, 10.0))))
+        for r in rows:
+            self.rt.bus.send_failure(r.saga_id, r.reason or "saga failed")
+        return len(rows)
+
+    def _chains(self) -> int:
+        """Compensation chains that stopped moving (their worker died, a message lost)."""
+        rows = self._sagas(and_(
+            sagas.c.status == SagaStatus.COMPENSATING.value,
+            func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at)
+            < self._ago(self.rt.settings.lease_seconds)))
+        for r in rows:
+            with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
+                log.warning("compensation_resumed")
+            self.rt.bus.send_compensate(r.saga_id)
+        return len(rows)
+
+    def _deadlines(self) -> int:
+        """Sagas past their deadline: failed (reason ``deadline passed``), they compensate."""
+        rows = self.rt.journal.stale(
+            select(sagas.c.saga_id).where(sagas.c.status.in_(_OPEN),
+                                          sagas.c.fail_requested_at.is_(None),
+                                          sagas.c.deadline_at < db_now()).limit(_BATCH))
+        n = 0
+        for r in rows:
+            saga = self.rt.machine.fail_overdue(r.saga_id)
+            if saga is None:
+                continue
+            n += 1
+            log.warning("saga_deadline_passed", saga_id=r.saga_id,
+                        deadline_at=aware(saga.deadline_at).isoformat())  # type: ignore[union-attr]
+            self.rt.bus.send_failure(r.saga_id, "deadline passed")
+        return n
+
+    def _flows(self) -> int:
+        """Flows not replayed since their last outcome (the advance was lost with the
+        worker that journaled it, or that worker did not know the flow): sent again. Other
+        steps of the flow may still run or wait at a gate meanwhile."""
+        quiet = self._ago(self.rt.settings.relay_after)
+        advanced = func.coalesce(sagas.c.advanced_at, sagas.c.created_at)
+        outcome_since = select(entries.c.saga_id).where(
+            entries.c.saga_id == sagas.c.saga_id, entries.c.executed_at > advanced)
+        rows = self._sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
+                                sagas.c.fail_requested_at.is_(None),
+                                sagas.c.updated_at < quiet,
+                                or_(sagas.c.advanced_at.is_(None), outcome_since.exists())))
+        for r in rows:
+            with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
+                log.warning("flow_resumed", flow=r.flow)
+            self.rt.bus.send_advance(r.saga_id)
+        return len(rows)
+
+    def _idle(self) -> int:
+        """Asynchronous sagas nobody drives: RUNNING, no step in flight, no write for
+        SAGAWORKER_IDLE_AFTER seconds. Logged once per idle spell (its producer is gone
+        and its effects are live: an operator completes or aborts it)."""
+        busy = select(entries.c.saga_id).where(
+            entries.c.saga_id == sagas.c.saga_id,
+            (entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
+            | (entries.c.updated_at > self._ago(self.rt.settings.idle_after)))
+        rows = self.rt.journal.stale(
+            select(sagas).where(
+                sagas.c.flow.is_(None), sagas.c.status == SagaStatus.RUNNING.value,
+                sagas.c.fail_requested_at.is_(None),
+                sagas.c.updated_at < self._ago(self.rt.settings.idle_after),
+                or_(sagas.c.idle_reported_at.is_(None),
+                    sagas.c.idle_reported_at < sagas.c.updated_at),
+                ~busy.exists()).limit(_BATCH))
+        n = 0
+        for r in rows:
+            with self.rt.journal.engine.begin() as conn:
+                got = conn.execute(update(sagas).where(
+                    sagas.c.saga_id == r.saga_id, sagas.c.updated_at == r.updated_at,
+                    or_(sagas.c.idle_reported_at.is_(None),
+                        sagas.c.idle_reported_at < sagas.c.updated_at))
+                    .values(idle_reported_at=db_now())).rowcount
+            if got:
+                n += 1
+                idle = (now() - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
+                log.error("saga_idle", saga_id=r.saga_id, idle_s=round(idle, 1),
+                          detail=f"RUNNING with no step in flight and no write for "
+                                 f"{round(idle)} s: complete it, or run `sagaworker abort "
+                                 f"{r.saga_id} --reason R`")
+        return n
+
+    def _open_saga(self) -> Any:
+        return entries.c.saga_id.in_(select(sagas.c.saga_id).where(
+            sagas.c.status.in_(_OPEN), sagas.c.fail_requested_at.is_(None)))
+
+    def _relay(self) -> int:
+        """The outbox relay: INTENT journaled but never started (publish lost or refused).
+
+        A step not started after ``relay_after`` is either lost or still waiting in a
+        queue behind others. Resending the waiting ones would multiply a backlog (every
+        copy is one more message and one more claim to refuse), so rows of a queue the
+        broker says holds messages are left until it drains, or for an hour at most.
+        """
+        lost = and_(
+            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
+            func.coalesce(entries.c.published_at, entries.c.created_at)
+            < self._ago(self.rt.settings.relay_after))
+        unstarted = and_(lost, self._open_saga())
+        keys = ["saga_id", "seq"]
+        old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
+            _MAX_BACKOFF)
+        held: list[Any] = []
+        routes: dict[tuple[str, str | None], str | None] = {}  # (tool, queue) -> broker queue
+        depth: dict[str, int] = {}  # broker queue -> messages ready, asked once a pass
+        # the batch's queues are asked; rows of a busy one are set aside and the batch
+        # taken again (the next rows may be of other queues), until every queue the
+        # batch holds has been asked: one round in the usual case, a few at most
+        for _ in range(_ASK_ROUNDS):
+            found = self._due(entries, keys, and_(unstarted, *held))
+            busy = self._busy({(r.tool_name, r.queue) for r in found} - routes.keys(),
+                              routes, depth)
+            if not busy:
+                break
+            # NOT DISTINCT FROM: a NULL queue compared with "=" would make the condition
+            # NULL and set aside rows of other queues too
+            held += [or_(old, ~and_(entries.c.tool_name == t,
+                                    entries.c.queue.is_not_distinct_from(q)))
+                     for t, q in busy]
+        else:  # rounds used up: rows of queues not asked about wait for the next pass
+            found = [r for r in self._due(entries, keys, and_(unstarted, *held))
+                     if (r.tool_name, r.queue) in routes]
+        # the take re-checks the row, not the saga (a subquery per row), as _take does
+        return self._resend(self._claim(entries, keys, found, lost), "step_relayed")
+
+    def _busy(self, pairs: set[tuple[str, str | None]],
+              routes: dict[tuple[str, str | None], str | None],
+              depth: dict[str, int]) -> list[tuple[str, str | None]]:
+        """Of ``pairs`` (tool, queue), those whose broker queue has messages waiting; the
+        broker is asked only about queues this pass has not asked about yet."""
+        bus = self.rt.bus
+        for p in pairs:
+            routes[p] = bus.queue_of(*p)
+        ask = {q for p in pairs if (q := routes[p]) is not None} - depth.keys()
+        if ask:  # a queue the broker cannot tell about counts as empty
+            depth.update(dict.fromkeys(ask, 0) | bus.ready(ask))
+        busy = sorted((p for p in pairs if depth.get(routes[p] or "", 0) > 0), key=str)
+        if busy:
+            log.info("relay_deferred", queues=sorted({str(routes[p]) for p in busy}),
+                     detail="their queues hold messages: the steps may be waiting there")
+        return busy
+
+    def _retries(self) -> int:
+        """Attempts that raised whose Celery retry message never came (lost with a worker
+        that held it, a purged queue): sent again with their retry count."""
+        waiting = and_(
+            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_not(None),
+            entries.c.lease_until.is_(None),
+            func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
+            < self._ago(self.rt.settings.relay_after))
+        # the take re-checks the row, not the saga (a subquery per row)
+        rows = self._entries(and_(waiting, self._open_saga()), waiting)
+        return self._resend(rows, "step_retry_resent")
+
+    def _in_doubt(self) -> int:
+        """Started attempts whose lease lapsed with no outcome: delivered again, the claim
+        decides (re-run an idempotent tool, or journal it in doubt)."""
+        rows = self._entries(and_(entries.c.phase == Phase.INTENT.value,
+                                  entries.c.lease_until.is_not(None),
+                                  entries.c.lease_until < db_now()))
+        return self._resend(rows, None)
+
+    def _resend(self, rows: list[Any], event: str | None) -> int:
+        publish: Callable[..., bool] = self.rt.bus.publish_step
+        for r in rows:
+            if event:
+                log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
+                            task_id=r.task_id, resends=r.resends + 1)
+            publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs), r.task_id,
+                    r.queue, retries=r.celery_retries)
+        return len(rows)
+

@@ -1,0 +1,299 @@
+"""The worker side of a tool step: claim the attempt, run the tool, journal the outcome."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from celery import Task
+from celery.exceptions import Reject
+
+from .._base.canonical import args_digest, not_json
+from .._base.errors import BadInput
+from .._base.registry import ToolSpec
+from .._base.types import OPEN, SagaStatus
+from .._broker.messages import ENVELOPE
+from .._journal.machine import Held, Start, new_token, worker_label
+from .._journal.repository import idempotency_key
+from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
+from .._observe.redact import error_text, scrub_text, secret_values
+
+__all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
+
+log = get_logger()
+_current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "sagaworker_idempotency_key", default=None)
+
+
+def current_idempotency_key() -> str | None:
+    """Inside a running tool: the step's stable key (the same on every retry and re-run)."""
+    return _current_key.get()
+
+
+class ToolTask(Task):  # type: ignore[misc]
+    """Base of every journaled tool task: late acks, requeued when a worker is lost."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    Request = "sagaworker._observe.redact:RedactedRequest"  # celery inspect shows argsrepr only
+    ignore_result = True
+    sagaworker_spec: ToolSpec
+    sagaworker_executor: Executor
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
+              eta: datetime | None = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        # Journal when Celery's retry message is due, so the sweeper can resend it if the
+        # message is lost (a SIGKILLed worker holding its ETA message, a purged queue).
+        if countdown is not None:
+            delay = float(countdown)
+        elif eta is not None:
+            delay = (eta - datetime.now(UTC)).total_seconds()
+        else:
+            delay = float(self.default_retry_delay or 0)
+        self.sagaworker_executor.retry_due(self, delay)
+        return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
+                              countdown=countdown, max_retries=max_retries, **options)
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        # Only an exception the tool itself raised, after Celery gave up retrying, makes
+        # the entry FAILED; infrastructure errors and a lost worker are not outcomes. The
+        # failure is fenced by the token of the attempt that raised.
+        raised = self.sagaworker_executor.raised.pop(task_id, None)
+        if raised is None:
+            return
+        saga_id, seq, token = raised
+        spec, rt = self.sagaworker_spec, self.sagaworker_executor.rt
+        self.sagaworker_executor.fail_step(
+            saga_id, seq, spec.name, token,
+            error_text(exc, spec.signature, args or (), kwargs or {},
+                       rt.settings.redact_keys), task_id=task_id)
+
+
+class Executor:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: task id -> (saga id, seq, token) of the attempt that raised, for on_failure/retry
+        self.raised: dict[str, tuple[str, int, str]] = {}
+        self.heartbeat = Heartbeat(rt)
+        #: called with a flow saga's id once one of its steps is EXECUTED
+        self.advance: Callable[[str], None] | None = None
+
+    def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        spec = task.sagaworker_spec
+        env = kwargs.pop(ENVELOPE, None)
+        if env is None and task.request.called_directly:
+            return spec.fn(*args, **kwargs)
+        task_id = task.request.id
+        try:
+            saga_id, seq = _envelope(env)
+        except BadInput as exc:
+            log.error("bad_message", tool=spec.name, task_id=task_id, error=str(exc))
+            raise Reject(str(exc), requeue=False) from exc
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=spec.name,
+                                                     task_id=task_id,
+                                                     worker=task.request.hostname):
+            return self._run(task, spec, saga_id, seq, args, kwargs)
+
+    def _run(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rt = self.rt
+        token = new_token()
+        claim = rt.machine.claim_start(saga_id, seq, spec.name, token=token,
+                                       worker=worker_label(), idempotent=spec.idempotent,
+                                       task_id=task.request.id)
+        if claim.start in (Start.UNKNOWN, Start.MISMATCH):
+            msg = (f"no journal entry for saga {saga_id!r} step {seq}; tool messages must be "
+                   "sent by saga.enqueue(), which journals them first"
+                   if claim.start is Start.UNKNOWN else
+                   f"saga {saga_id!r} step {seq} is journaled as tool "
+                   f"{claim.row.tool_name!r}, not {spec.name!r}; the message is not run")
+            log.error("unknown_step" if claim.start is Start.UNKNOWN else "bad_message",
+                      error=msg)
+            raise Reject(msg, requeue=False)
+        if claim.start is Start.IN_DOUBT:
+            log.error("step_in_doubt", attempts=claim.row.attempts)
+            self._after_outcome(saga_id, claim.saga_status, f"step {seq} ({spec.name}) in doubt")
+            return None
+        if claim.start is not Start.RUN:
+            log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
+            if claim.start is Start.CANCELLED and claim.saga_status is SagaStatus.COMPENSATING:
+                rt.bus.send_compensate(saga_id)  # the chain may wait on this entry
+            return None
+        row = claim.row
+        if claim.rerun:
+            log.warning("step_rerun", attempts=claim.attempt,
+                        detail="idempotent tool: its earlier attempt died with no outcome")
+        problem = self._verify(spec, row, args, kwargs)
+        if problem is not None:
+            self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task.request.id)
+            return None
+        key = _current_key.set(idempotency_key(saga_id, seq, "execute"))
+        held: Held = (saga_id, seq, False, token)
+        self.heartbeat.hold(held)
+        started = time.perf_counter()
+        try:
+            value = spec.fn(*args, **kwargs)
+        except Exception as exc:
+            # The attempt ended (it raised): not in doubt. Celery now retries it or gives
+            # up and calls on_failure, which journals FAILED (fenced by this token).
+            self.heartbeat.drop(held)
+            _scrub_exception(exc, spec, args, kwargs, rt.settings.redact_keys)
+            status = rt.machine.release(saga_id, seq, token, error_text(
+                exc, spec.signature, args, kwargs, rt.settings.redact_keys))
+            self.raised[task.request.id] = (saga_id, seq, token)
+            if status is SagaStatus.COMPENSATING:
+                rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+            raise
+        finally:
+            _current_key.reset(key)
+            self.heartbeat.drop(held)
+        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        # The effect happened: a result that cannot be journaled still makes the step
+        # EXECUTED (so its undo runs), with the error saying why its result is missing.
+        bad = not_json(value)
+        error = None if bad is None else f"result is not JSON: {bad}"
+        outcome = rt.machine.executed(saga_id, seq, token, None if error else value,
+                                      duration_ms, error=error)
+        if not outcome.applied:
+            # Another attempt took the entry over (this one's lease lapsed): its outcome is
+            # the journal's, and this effect is reported, never journaled over it.
+            log.error("step_outcome_fenced", attempt=claim.attempt, duration_ms=duration_ms,
+                      detail="this attempt's lease lapsed and the entry moved on; its "
+                             "effect happened and is not journaled")
+            return None
+        if error is not None:
+            log.warning("step_failed", error=error, executed=True)
+            self.raised.pop(task.request.id, None)
+            reason = f"step {seq} ({spec.name}) failed: {error}"
+            status = rt.machine.request_failure(saga_id, reason)
+            self._after_outcome(saga_id, status, reason)
+            return None
+        log.info("step_executed", duration_ms=duration_ms, attempt=claim.attempt)
+        # an earlier attempt's flag (a retry that then succeeded) is of no use now; a flag is
+        # fenced by its token anyway, so a stale one can never fail a newer attempt
+        self.raised.pop(task.request.id, None)
+        if outcome.status is SagaStatus.COMPENSATING:
+            rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
+        elif outcome.flow is not None and self.advance is not None:
+            # The flow moves on here, in the worker that journaled the outcome: no message
+            # and no polling. Lost with this worker, the sweeper sends the advance again.
+            try:
+                self.advance(saga_id)
+            except Exception as exc:
+                log.error("flow_advance_failed", error=f"{type(exc).__name__}: {exc}")
+        return None
+
+    def retry_due(self, task: ToolTask, delay: float) -> None:
+        raised = self.raised.get(task.request.id)
+        if raised is not None:
+            saga_id, seq, token = raised
+            self.rt.machine.retry_due(saga_id, seq, token, delay,
+                                      int(task.request.retries or 0) + 1)
+
+    def _verify(self, spec: ToolSpec, row: Any, args: Any, kwargs: Any) -> str | None:
+        try:
+            sent = args_digest(args, kwargs)
+        except (TypeError, ValueError) as exc:
+            return f"arguments are not JSON: {exc}"
+        if spec.gated:
+            # recomputed from the journal's arguments: an edit after approval must show
+            if not row.approved_by or row.approved_digest != args_digest(
+                    row.args or [], row.kwargs or {}) or sent != row.approved_digest:
+                return ("approval verification failed: the arguments no longer match the "
+                        "approved step; not run. Start a new saga with the intended arguments")
+        elif sent != row.args_digest:  # the digest journaled with the INTENT
+            return "the message's arguments do not match the journal; not run"
+        if spec.signature is not None:
+            try:
+                spec.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                return f"malformed arguments for {spec.name}: {exc}"
+        return None
+
+    def fail_step(self, saga_id: str, seq: int, tool: str, token: str, error: str, *,
+                  task_id: str | None = None, in_doubt: bool = False) -> None:
+        status = self.rt.machine.failed(saga_id, seq, token, error, in_doubt=in_doubt)
+        if status is None:
+            return
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=tool,
+                                                     task_id=task_id):
+            log.warning("step_failed", error=error, in_doubt=in_doubt)
+        self._after_outcome(saga_id, status, f"step {seq} ({tool}) failed: {error}")
+
+    def _after_outcome(self, saga_id: str, status: SagaStatus | None, reason: str) -> None:
+        if status in OPEN:
+            self.rt.bus.send_failure(saga_id, reason)
+        elif status is SagaStatus.COMPENSATING:
+            self.rt.bus.send_compensate(saga_id)
+
+
+def _scrub_exception(exc: BaseException, spec: ToolSpec, args: Any, kwargs: Any,
+                     keys: frozenset[str]) -> None:
+    """Redacted argument values out of the exception itself, before Celery sees it: its
+    task-failed event (Flower, ``celery events``) and retry lines carry the exception's repr
+    and traceback, which no log filter reaches."""
+    if not keys:
+        return
+    values = secret_values(spec.signature, args, kwargs, keys)
+    if values:
+        exc.args = tuple(scrub_text(a, values) if isinstance(a, str) else a for a in exc.args)
+
+
+def _envelope(env: Any) -> tuple[str, int]:
+    if not isinstance(env, dict):
+        raise BadInput(f"malformed sagaworker envelope {env!r}: expected a dict "
+                       "with saga_id and seq; enqueue tools with saga.enqueue()")
+    saga_id, seq = env.get("saga_id"), env.get("seq")
+    if not isinstance(saga_id, str) or not isinstance(seq, int) or isinstance(seq, bool):
+        raise BadInput(f"malformed sagaworker envelope {env!r}: saga_id must be a str "
+                       "and seq an int")
+    return saga_id, seq
+
+
+class Heartbeat:
+    """Keeps the leases of running attempts and undos fresh, so a long tool or undo is
+    never taken for dead (and never run a second time beside itself).
+
+    One daemon thread per process, started on first use and again after a fork (prefork
+    children inherit no threads). Each lease is held by its token: a beat for an attempt
+    that has released or been fenced out matches nothing.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.held: set[Held] = set()
+        self.lock = threading.Lock()
+        self.pid = 0
+
+    def hold(self, item: Held) -> None:
+        with self.lock:
+            self.held.add(item)
+            if self.pid != os.getpid():
+                self.pid = os.getpid()
+                threading.Thread(target=self._beat, daemon=True,
+                                 name="sagaworker-heartbeat").start()
+
+    def drop(self, item: Held) -> None:
+        with self.lock:
+            self.held.discard(item)
+
+    def _beat(self) -> None:
+        me = os.getpid()
+        while self.pid == me:
+            time.sleep(max(self.rt.settings.lease_seconds / 3, 0.2))
+            with self.lock:
+                held = sorted(self.held)
+            if held:
+                try:
+                    self.rt.machine.heartbeat(held)
+                except Exception as exc:  # the next beat tries again
+                    log.warning("heartbeat_failed", error=str(exc)[:200])

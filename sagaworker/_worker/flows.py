@@ -1,0 +1,310 @@
+"""Durable flows: sagas whose steps the workers carry forward from the journal.
+
+A worker *replays* the flow function from the top each time an awaited step has an
+outcome: a call already in the journal returns its journaled result at once; the first
+call beyond the journal journals that step's INTENT (a compare-and-set on the saga's last
+seq, so two replays never journal a step twice) and publishes it, and the replay stops
+there. The worker that journals a step's EXECUTED replays the flow right away (no message,
+no polling); the sweeper re-sends an advance that was lost with a worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from .._base.canonical import args_digest, bad_argument, check_json
+from .._base.errors import (
+    ApprovalRejected,
+    BadInput,
+    ConfigurationError,
+    SagaworkerError,
+    ToolFailed,
+)
+from .._base.types import OPEN, Phase, SagaStatus
+from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
+from .._observe.redact import redact_call, scrub_text, secret_values
+from .._producer.producer import Producer
+
+__all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
+
+log = get_logger()
+_RESERVED = ("metadata", "deadline")
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    name: str
+    fn: Callable[..., Any]
+
+
+def flow_name(fn: Callable[..., Any], name: str | None) -> str:
+    """Check a flow function can be imported by name by every worker; its name."""
+    qual = getattr(fn, "__qualname__", "")
+    if getattr(fn, "__name__", "") == "<lambda>" or "<locals>" in qual:
+        raise ConfigurationError(
+            f"flow {qual or fn!r} is a lambda or a nested function; declare flows at module "
+            "level (every worker imports a flow by its name)")
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        raise ConfigurationError(
+            f"flow {qual} takes no arguments; its first parameter is the FlowContext, e.g. "
+            f"def {fn.__name__}(s: FlowContext, ...)")
+    for p in params[1:]:
+        if p.name in _RESERVED:
+            raise ConfigurationError(
+                f"flow {qual} has a parameter named {p.name!r}, which sw.start() takes for "
+                "itself; rename the parameter")
+    return name or f"{fn.__module__}.{qual}"
+
+
+class _Suspend(BaseException):
+    """The replay reached a step without an outcome: it stops here (not an error)."""
+
+
+class _Diverged(BaseException):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass
+class FlowHandle:
+    """A step enqueued by a flow; ``FlowContext.gather`` awaits it."""
+
+    position: int
+
+
+class FlowContext:
+    """What a flow function is handed: ``call``, ``enqueue``, ``gather``."""
+
+    def __init__(self, saga_id: str, metadata: dict[str, Any], journal: list[Any],
+                 producer: Producer) -> None:
+        self.saga_id = saga_id
+        self.metadata = metadata
+        self._journal = journal
+        self._producer = producer
+        self._cursor = 0
+        #: steps asked for beyond the journal, journaled together when the replay stops
+        self.new: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """The step's journaled result (its saga waits, with no thread, until there is one)."""
+        return self.gather(self.enqueue(tool, *args, **kwargs))[0]
+
+    def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> FlowHandle:
+        """A step that runs beside the next ones until ``gather`` awaits it."""
+        pos = self._cursor
+        self._cursor += 1
+        spec = self._producer.resolve(tool)
+        if pos < len(self._journal):
+            row = self._journal[pos]
+            try:
+                digest = args_digest(list(args), kwargs)
+            except (TypeError, ValueError):
+                digest = "(not JSON)"
+            if row.tool_name != spec.name or row.args_digest != digest:
+                rt = self._producer.rt
+                raise _Diverged(
+                    f"flow diverged at step {row.seq}: the journal holds {row.tool_name}"
+                    f"{_show(rt, row.tool_name, row.args, row.kwargs)}, the replay asked for "
+                    f"{spec.name}{_show(rt, spec.name, list(args), kwargs)}")
+        else:
+            self.new.append((tool, args, kwargs))
+        return FlowHandle(pos)
+
+    def gather(self, *handles: FlowHandle) -> list[Any]:
+        """The results of the handles' steps, in the order of the handles."""
+        out = []
+        for h in handles:
+            if h.position >= len(self._journal):
+                raise _Suspend()
+            row = self._journal[h.position]
+            phase = Phase(row.phase)
+            if phase is Phase.EXECUTED and row.error is None:
+                out.append(row.result)
+            elif phase in (Phase.INTENT, Phase.AWAITING_APPROVAL):
+                raise _Suspend()
+            elif phase is Phase.REJECTED:
+                raise ApprovalRejected(
+                    f"step {row.seq} ({row.tool_name}) was rejected by {row.rejected_by}: "
+                    f"{row.rejection_reason}", saga_id=self.saga_id, seq=row.seq,
+                    tool=row.tool_name)
+            else:
+                raise ToolFailed(f"step {row.seq} ({row.tool_name}) {phase.value}: "
+                                 f"{row.error}", saga_id=self.saga_id, seq=row.seq,
+                                 tool=row.tool_name)
+        return out
+
+    @property
+    def consumed(self) -> int:
+        return self._cursor
+
+
+def _show(rt: Runtime, tool: str, args: Any, kwargs: Any) -> str:
+    """A call as people read it in a reason or a log line: redacted (SAGAWORKER_REDACT)."""
+    spec = rt.registry.tool(tool)
+    args, kwargs = redact_call(spec.signature if spec is not None else None, args or [],
+                               kwargs or {}, rt.settings.redact_keys)
+    parts = [repr(a) for a in (args or [])] + [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
+    text = f"({', '.join(parts)})"
+    return text if len(text) <= 200 else text[:197] + "...)"
+
+
+class Flows:
+    """The registry of flows and the replay that advances them."""
+
+    def __init__(self, rt: Runtime, producer: Producer) -> None:
+        self.rt = rt
+        self.producer = producer
+        self.specs: dict[str, FlowSpec] = {}
+
+    def add(self, fn: Callable[..., Any], name: str | None) -> FlowSpec:
+        spec = FlowSpec(flow_name(fn, name), fn)
+        known = self.specs.get(spec.name)
+        if known is not None and known.fn is not fn:
+            raise ConfigurationError(f"two flows are named {spec.name!r}; pass name=... to one")
+        self.specs[spec.name] = spec
+        return spec
+
+    def spec_of(self, flow: Any) -> FlowSpec:
+        for spec in self.specs.values():
+            if spec.fn is flow or spec.name == flow:
+                return spec
+        raise ConfigurationError(
+            f"{getattr(flow, '__qualname__', flow)!r} is not a registered flow; decorate it "
+            "with @sw.flow() and pass the decorated function")
+
+    def validate(self) -> None:
+        """Every flow is still importable by its name (every worker imports it so)."""
+        import importlib
+
+        for spec in self.specs.values():
+            fn = spec.fn
+            try:
+                obj: Any = importlib.import_module(fn.__module__)
+                for part in fn.__qualname__.split("."):
+                    obj = getattr(obj, part)
+            except (ImportError, AttributeError) as exc:
+                raise ConfigurationError(
+                    f"flow {spec.name!r} cannot be imported by its name ({exc}); declare it at "
+                    "module level in a module every worker imports") from exc
+
+    def start(self, saga_id: str, flow: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              metadata: dict[str, Any] | None, deadline: float | None) -> None:
+        spec = self.spec_of(flow)
+        sig = inspect.signature(spec.fn)
+        try:
+            sig.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise BadInput(f"malformed arguments for flow {spec.name!r}: {exc}") from exc
+        bad = bad_argument(sig.replace(parameters=list(sig.parameters.values())[1:]),
+                           args, kwargs)
+        if bad is not None:
+            check_json([args, kwargs], f"the arguments of flow {spec.name!r} ({bad})")
+        self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
+                                    flow=spec.name, flow_args=list(args),
+                                    flow_kwargs=dict(kwargs))
+        self.rt.bus.send_advance(saga_id)
+
+    # -- the replay -----------------------------------------------------------------------
+
+    def advance(self, saga_id: str) -> None:
+        """Replay the flow from the journal and move it on; idempotent."""
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id):
+            self._advance(saga_id)
+
+    def _advance(self, saga_id: str) -> None:
+        j = self.rt.journal
+        saga, rows = j.saga_and_entries(saga_id)
+        if saga is None or saga.flow is None:
+            return
+        if SagaStatus(saga.status) not in OPEN or saga.fail_requested_at is not None:
+            return  # failures end the flow: compensation runs, the flow is not advanced
+        spec = self.specs.get(saga.flow)
+        if spec is None:
+            log.error("flow_unknown", flow=saga.flow,
+                      detail="this worker does not know the flow; the sweeper sends it again")
+            return
+        ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, self.producer)
+        try:
+            value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
+        except _Suspend:
+            # journaling the next steps also stamps advanced_at (one transaction); a replay
+            # that only waits on a running step or a gate stamps it alone
+            if ctx.new:
+                self._journal_new(saga_id, ctx, saga.last_seq)
+            else:
+                j.mark_advanced(saga_id)
+            return
+        except _Diverged as exc:
+            self._fail(saga_id, exc.detail, event="flow_diverged")
+            return
+        except SagaworkerError as exc:
+            if isinstance(exc, ToolFailed):
+                return  # that step's failure already fails the saga
+            self._fail(saga_id, self._scrubbed(spec, saga, f"{type(exc).__name__}: {exc}"))
+            return
+        except Exception as exc:
+            self._fail(saga_id, self._scrubbed(
+                spec, saga, f"the flow raised {type(exc).__name__}: {exc}"))
+            return
+        if ctx.new:  # enqueued, never awaited: journal them; the flow ends when they do
+            self._journal_new(saga_id, ctx, saga.last_seq)
+            return
+        if ctx.consumed < len(rows):
+            row = rows[ctx.consumed]
+            self._fail(saga_id, f"flow diverged at step {row.seq}: the journal holds "
+                                f"{row.tool_name}"
+                                f"{_show(self.rt, row.tool_name, row.args, row.kwargs)}, "
+                                "the replay returned before asking for it",
+                       event="flow_diverged")
+            return
+        try:
+            check_json(value, f"the return value of flow {spec.name!r}")
+        except BadInput as exc:
+            self._fail(saga_id, str(exc))
+            return
+        if any(Phase(r.phase) in (Phase.INTENT, Phase.AWAITING_APPROVAL) for r in rows):
+            j.mark_advanced(saga_id)
+            return  # an enqueued step still runs: its outcome advances the flow again
+        try:
+            self.rt.machine.complete(saga_id, result=value)
+        except SagaworkerError as exc:
+            log.info("flow_not_completed", detail=str(exc))
+            return
+        log.info("saga_completed", flow=spec.name)
+
+    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int) -> None:
+        if not ctx.new:
+            return
+        try:
+            # journaled only if the journal is still what this replay saw (last_seq)
+            self.producer.enqueue(saga_id, ctx.new, expect_seq=last_seq)
+        except BadInput as exc:
+            self._fail(saga_id, str(exc))
+        except SagaworkerError as exc:
+            log.info("flow_not_advanced", detail=str(exc))
+
+    def _scrubbed(self, spec: FlowSpec, saga: Any, text: str) -> str:
+        """An error the flow's code raised, without the values of its redacted parameters
+        (the reason is journaled and logged)."""
+        keys = self.rt.settings.redact_keys
+        if not keys:
+            return text
+        values = secret_values(inspect.signature(spec.fn), [None, *(saga.flow_args or [])],
+                               saga.flow_kwargs or {}, keys)
+        return scrub_text(text, values)
+
+    def _fail(self, saga_id: str, reason: str, *, event: str | None = None) -> None:
+        if event == "flow_diverged":
+            log.error(event, detail=reason)
+        try:
+            self.producer.fail(saga_id, reason)
+        except SagaworkerError as exc:
+            log.info("flow_fail_refused", detail=str(exc))

@@ -1,0 +1,111 @@
+"""``sagaworker demo``: the order saga on the embedded defaults (SQLite, filesystem broker)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .._observe.redact import Redaction
+from .render import console, render_saga
+
+__all__ = ["run_demo", "start_worker"]
+
+
+def start_worker(app: str, env: dict[str, str], log: Path, *, concurrency: int = 2,
+                 timeout: float = 60, extra: tuple[str, ...] = (),
+                 pool: str = "prefork") -> subprocess.Popen[bytes]:
+    """Start `celery -A app worker -P pool` and wait until it logs that it is ready."""
+    out = open(log, "ab")  # noqa: SIM115 - the worker owns it until it exits
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool,
+         "-c", str(concurrency), "--loglevel=INFO", "--without-gossip", "--without-mingle",
+         *extra], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}; see {log}")
+        if b" ready." in log.read_bytes():
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"worker not ready after {timeout} s; see {log}")
+
+
+EXAMPLE = "tasks"  # the example application of the repository, never installed
+
+
+def _example_here() -> bool:
+    """The example is a folder of the repository checkout the demo runs in."""
+    return (Path.cwd() / EXAMPLE / "orders.py").is_file()
+
+
+def run_demo(*, keep: bool = False) -> int:
+    if not _example_here():
+        console.print("error: sagaworker demo runs the example application of the "
+                      "repository (tasks/, config/), which the installed library does not "
+                      "hold: run `make demo` in a checkout of sagaworker", markup=False)
+        return 2
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    folder = Path(tempfile.mkdtemp(prefix="sagaworker-demo-"))
+    secret = secrets.token_urlsafe(32)
+    env = {**os.environ,
+           "SAGAWORKER_DATABASE_URL": f"sqlite:///{folder / 'journal.db'}",
+           "SAGAWORKER_BROKER_URL": "filesystem://",
+           "SAGAWORKER_BROKER_FOLDER": str(folder / "broker"),
+           "SAGAWORKER_APPROVAL_SECRET": secret,
+           "SAGAWORKER_COMPENSATION_BACKOFF": "0.2",
+           "SAGAWORKER_LOG_FORMAT": "json"}
+    os.environ.update(env)
+    console.print(f"[bold]sagaworker demo[/] in {folder}\n"
+                  "journal: SQLite, broker: kombu filesystem transport (no server)\n"
+                  "approval secret: a throwaway one generated for this demo only")
+    import importlib
+
+    tasks = importlib.import_module(EXAMPLE)
+    sw, place_order = tasks.sw, importlib.import_module(f"{EXAMPLE}.orders").place_order
+    sw.create_schema()  # the release step: the journal and the example's own tables
+    proc = start_worker(EXAMPLE, env, folder / "worker.log")
+    try:
+        stop = threading.Event()
+
+        def approver() -> None:  # plays the human on the approval gate
+            while not stop.is_set():
+                for req in sw.pending_approvals():
+                    console.print(f"  approval gate: {req.tool_name.rsplit('.', 1)[-1]}"
+                                  f"{tuple(req.args)} -> approved by demo-operator")
+                    sw.approve(req.token, approver="demo-operator")
+                stop.wait(0.1)
+
+        threading.Thread(target=approver, daemon=True).start()
+        console.rule("1. an order that completes (a flow: sw.start returns, the worker "
+                     "carries it)")
+        ok = sw.start("order-1001", place_order, "1001", "sku-42", 2, "card-4242", 3_000,
+                      metadata={"customer": "c-9"}).wait(timeout=60)
+        render_saga(sw.inspect(ok.saga_id), Redaction.of(sw))
+        console.rule("2. an order whose card is declined: compensated in reverse")
+        bad = sw.start("order-1002", place_order, "1002", "sku-42", 1, "declined-0002", 1_500,
+                       metadata={"customer": "c-7"}).wait(timeout=60)
+        render_saga(sw.inspect(bad.saga_id), Redaction.of(sw))
+        stop.set()
+        good = ok.status.value == "COMPLETED" and bad.status.value == "COMPENSATED"
+        where = (f"worker log: {folder / 'worker.log'}" if keep else
+                 "run `sagaworker demo --keep` to keep the journal and the worker log")
+        console.print(f"\nresults: {ok.saga_id} {ok.status.value}, {bad.saga_id} "
+                      f"{bad.status.value}; {where}", markup=False)
+        return 0 if good else 1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,150 @@
+"""Readable tables (rich) and JSON for the CLI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .._base.jsonable import plain
+from .._base.types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
+from .._observe.redact import Redaction
+
+__all__ = ["console", "flow_call", "redacted", "render_saga", "render_sagas", "saga_json",
+           "to_json", "waiting_step"]
+
+console = Console(highlight=False)
+
+_STATUS = {SagaStatus.COMPLETED: "green", SagaStatus.COMPENSATED: "yellow",
+           SagaStatus.COMPENSATION_FAILED: "bold red", SagaStatus.COMPENSATING: "magenta",
+           SagaStatus.RUNNING: "cyan", SagaStatus.AWAITING_APPROVAL: "blue"}
+_PHASE = {Phase.EXECUTED: "green", Phase.FAILED: "red", Phase.REJECTED: "red",
+          Phase.CANCELLED: "dim", Phase.INTENT: "cyan", Phase.AWAITING_APPROVAL: "blue"}
+_OUTCOME = {OutcomeResult.COMPENSATED: "green", OutcomeResult.SKIPPED: "yellow",
+            OutcomeResult.COMPENSATION_FAILED: "bold red"}
+
+
+def redacted(o: Any, redaction: Redaction | None = None) -> Any:
+    """Records (or lists of them) as they may be shown: SAGAWORKER_REDACT applied (by
+    default with what this process's ``Sagaworker`` was configured with)."""
+    return (redaction or Redaction.current()).any(o)
+
+
+def to_json(o: Any, redaction: Redaction | None = None) -> str:
+    return json.dumps(plain(redacted(o, redaction)), indent=2, default=str)
+
+
+def waiting_step(rec: SagaRecord) -> EntryRecord | None:
+    """The step an open saga waits on: its first entry still INTENT or AWAITING_APPROVAL."""
+    if rec.status.terminal:
+        return None
+    return next((e for e in rec.entries
+                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)
+
+
+def flow_call(rec: SagaRecord) -> str | None:
+    """``name(arg, ..., key=value)`` of a flow saga (as given, redact it first)."""
+    if rec.flow is None:
+        return None
+    parts = [json.dumps(a, default=str) for a in rec.flow_args or []]
+    parts += [f"{k}={json.dumps(v, default=str)}" for k, v in (rec.flow_kwargs or {}).items()]
+    return f"{rec.flow}({', '.join(parts)})"
+
+
+def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, Any]:
+    """The saga as JSON (redacted), with ``waiting_on``: the step it waits on, or None."""
+    rec = redacted(rec, redaction)
+    d: dict[str, Any] = plain(rec)
+    step = waiting_step(rec)
+    d["waiting_on"] = None if step is None else {
+        "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
+    return d
+
+
+def _cell(v: Any) -> str:
+    """A journal value as a table shows it: whole (a table folds long cells, never cuts
+    them), and as text (a ``[/]`` in a reason is not markup)."""
+    return escape(json.dumps(v, default=str) if not isinstance(v, str) else v)
+
+
+#: columns of a fixed vocabulary (a status, a phase, a number): never broken
+_WHOLE = {"seq", "status", "phase", "outcome", "attempts", "undo", "undo tries", "steps",
+          "created"}
+
+
+def _table(columns: tuple[str, ...], **kw: Any) -> Table:
+    """A table that wraps (folds) its free-text cells to the width it has, piped or in a
+    narrow terminal, and never shortens a value with an ellipsis."""
+    t = Table(**kw)
+    for col in columns:
+        if col in _WHOLE:
+            t.add_column(col, no_wrap=True, overflow="ignore")
+        else:
+            t.add_column(col, overflow="fold")
+    return t
+
+
+def _tool(name: str) -> str:
+    return escape(name.rsplit(".", 1)[-1])
+
+
+def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
+    rec = redacted(rec, redaction)
+    c = _STATUS.get(rec.status, "")
+    console.print(f"[bold]saga {escape(rec.saga_id)}[/]  [{c}]{rec.status.value}[/]"
+                  + (f"  reason: {escape(rec.reason)}" if rec.reason else ""))
+    call = flow_call(rec)
+    if call is not None:
+        console.print(f"flow: {call}", markup=False)
+    step = waiting_step(rec)
+    if step is not None:
+        what = ("an approval" if step.phase is Phase.AWAITING_APPROVAL
+                else "its outcome")
+        console.print(f"waiting on: step {step.seq} {_tool(step.tool_name)} "
+                      f"({step.phase.value}, {what})", markup=False)
+    if rec.deadline_at is not None:
+        console.print(f"deadline: {rec.deadline_at.isoformat()}", markup=False)
+    t = _table(("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
+                "undo tries"), title="journal", title_justify="left")
+    for e in rec.entries:
+        t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), _cell([e.args, e.kwargs]),
+                  _cell(e.result) if e.phase is Phase.EXECUTED else _cell(e.error or ""),
+                  str(e.attempts), _outcome(e), str(e.compensation_attempts or ""))
+    console.print(t)
+    if rec.report.outcomes or rec.report.in_doubt:
+        r = _table(("seq", "tool", "outcome", "attempts", "detail"),
+                   title="compensation report (in the order the undos ran)",
+                   title_justify="left")
+        for o in rec.report.outcomes:
+            oc = _OUTCOME[o.result]
+            r.add_row(str(o.seq), _tool(o.tool_name), f"[{oc}]{o.result.value}[/]",
+                      str(o.attempts), _cell(o.detail or ""))
+        for e in rec.report.in_doubt:
+            r.add_row(str(e.seq), _tool(e.tool_name), "[bold red]IN DOUBT[/]",
+                      str(e.attempts), _cell(e.error or ""))
+        console.print(r)
+
+
+def _phase(e: EntryRecord) -> str:
+    c = _PHASE.get(e.phase, "")
+    label = e.phase.value + (" (in doubt)" if e.in_doubt else "")
+    return f"[{c}]{label}[/]"
+
+
+def _outcome(e: EntryRecord) -> str:
+    if e.compensation is None:
+        return ""
+    return f"[{_OUTCOME[e.compensation]}]{e.compensation.value}[/]"
+
+
+def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None) -> None:
+    recs = redacted(recs, redaction)
+    t = _table(("saga", "status", "steps", "created", "reason"))
+    for r in recs:
+        c = _STATUS.get(r.status, "")
+        t.add_row(_cell(r.saga_id), f"[{c}]{r.status.value}[/]", str(len(r.entries)),
+                  r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _cell(r.reason or ""))
+    console.print(t)

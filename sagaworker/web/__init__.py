@@ -1,0 +1,74 @@
+"""The on-call dashboard and its JSON API, for any app's Sagaworker (extra ``[web]``).
+
+``sagaworker -A MODULE web`` serves it; ``create_app(sw)`` returns the Flask app to mount
+in your own WSGI stack (or to add your own blueprints to, as the example's order endpoint
+does in ``tasks/web.py``).
+
+Approving, rejecting, re-driving and aborting need an authenticated operator
+(``sagaworker.web.auth``: ``SAGAWORKER_WEB_TOKENS``/``SAGAWORKER_WEB_TOKENS_FILE`` or
+``SAGAWORKER_WEB_TRUSTED_HEADER``); with neither configured the app is read-only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sagaworker._base.errors import ConfigurationError
+
+try:
+    from flask import Flask, Response, jsonify, render_template, request
+    from werkzeug.exceptions import HTTPException
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise ConfigurationError(
+        "sagaworker.web needs Flask: pip install 'sagaworker[web]'") from exc
+
+from sagaworker import Sagaworker
+
+from . import api, dashboard
+from .api import ValidationFailed
+from .auth import READ_ONLY, WebAuth
+
+__all__ = ["ValidationFailed", "WebAuth", "create_app"]
+
+
+def _wants_html() -> bool:
+    return request.path == "/" or request.path.startswith(("/ui/", "/static/"))
+
+
+def create_app(sw: Sagaworker, *, auth: WebAuth | None = None) -> Flask:
+    """The dashboard and JSON API over ``sw``'s journal. ``auth`` says who may decide
+    (default: ``WebAuth.from_env()``; nothing configured is read-only); a malformed setting
+    raises ``AuthConfigError`` here, at start."""
+    if not isinstance(sw, Sagaworker):
+        raise ConfigurationError(
+            f"create_app() takes your app's Sagaworker, got {type(sw).__name__}: "
+            "create_app(sw) with the sw of the module that declares your tools")
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["sagaworker"] = sw
+    app.extensions["sagaworker_auth"] = web_auth = auth if auth is not None else WebAuth.from_env()
+    if not web_auth.configured:
+        app.logger.warning("read-only: %s", READ_ONLY)
+    app.register_blueprint(api.bp)
+    app.register_blueprint(dashboard.bp)
+    dashboard.register_filters(app)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:
+        code = exc.code or 500
+        if _wants_html():
+            return render_template("error.html", code=code, name=exc.name,
+                                   message=exc.description), code
+        return jsonify({"error": exc.description, "status": code}), code
+
+    @app.errorhandler(Exception)
+    def crash(exc: Exception) -> tuple[Response, int]:
+        app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return jsonify({"error": f"internal error: {type(exc).__name__}", "status": 500}), 500
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

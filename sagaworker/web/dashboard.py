@@ -1,0 +1,159 @@
+"""The server-rendered dashboard: what needs a human first, then every saga, newest first."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, abort, render_template, request
+
+from sagaworker import (
+    ConfigurationError,
+    EntryRecord,
+    Outcome,
+    Phase,
+    Redaction,
+    SagaNotFound,
+    SagaRecord,
+    SagaStatus,
+)
+
+from .api import auth, operator, sw_of
+from .auth import Identity
+from .queries import idle_sagas, waiting_step
+
+__all__ = ["Attention", "Ops", "TimelineUndo", "bp", "register_filters"]
+
+bp = Blueprint("dashboard", __name__)
+
+STATUSES = [s.value for s in SagaStatus]
+#: sagas scanned for in-doubt steps (COMPENSATION_FAILED ones are queried by status)
+SCAN = 500
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A saga a human must look at, and why."""
+
+    rec: SagaRecord
+    dirty: list[Outcome]
+    in_doubt: list[EntryRecord]
+
+
+@dataclass(frozen=True)
+class TimelineUndo:
+    order: int
+    outcome: Outcome
+    entry: EntryRecord | None
+
+
+@dataclass(frozen=True)
+class Ops:
+    """What the page offers operators: ``enabled`` False is the read-only app (no buttons,
+    a banner); ``operator`` is known when the proxy's header came with the page request,
+    otherwise the script signs in with a bearer token kept in ``sessionStorage``."""
+
+    enabled: bool
+    tokens: bool
+    header: str | None
+    operator: Identity | None
+
+
+@bp.app_context_processor
+def _ops() -> dict[str, Any]:
+    a = auth()
+    return {"ops": Ops(a.configured, a.uses_tokens, a.trusted_header,
+                       operator() if a.configured else None)}
+
+
+def attention(recent: list[SagaRecord], dirty: list[SagaRecord]) -> list[Attention]:
+    seen: dict[str, Attention] = {}
+    for rec in [*dirty, *recent]:
+        if rec.saga_id in seen:
+            continue
+        if rec.status is SagaStatus.COMPENSATION_FAILED or rec.report.in_doubt:
+            seen[rec.saga_id] = Attention(rec, rec.report.dirty, rec.report.in_doubt)
+    return sorted(seen.values(), key=lambda a: a.rec.updated_at, reverse=True)
+
+
+@bp.get("/")
+def index() -> str:
+    sw = sw_of()
+    status = request.args.get("status") or None
+    if status is not None and status not in STATUSES:
+        abort(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+    red = Redaction.of(sw)  # SAGAWORKER_REDACT: no page shows a redacted argument
+    recent = [red.record(r) for r in sw.sagas(limit=SCAN)]
+    dirty = [red.record(r) for r in sw.sagas(status=SagaStatus.COMPENSATION_FAILED, limit=100)]
+    listed = (recent[:100] if status is None
+              else [red.record(r) for r in sw.sagas(status=status, limit=100)])
+    counts = {s: sum(1 for r in recent if r.status.value == s) for s in STATUSES}
+    approvals: list[Any] | None
+    try:
+        approvals = [red.approval(a) for a in sw.pending_approvals()]
+    except ConfigurationError:
+        approvals = None  # no approval secret configured here
+    idle = [red.record(r) for r in idle_sagas(sw)]
+    return render_template("index.html", sagas=listed, status=status, statuses=STATUSES,
+                           counts=counts, scanned=len(recent), idle=idle,
+                           attention=attention(recent, dirty), approvals=approvals)
+
+
+@bp.get("/ui/sagas/<path:saga_id>")
+def saga_page(saga_id: str) -> str:
+    sw = sw_of()
+    try:
+        rec = Redaction.of(sw).record(sw.inspect(saga_id))
+    except SagaNotFound:
+        abort(404, f"no saga {saga_id!r} in the journal")
+    by_seq = {e.seq: e for e in rec.entries}
+    undos = [TimelineUndo(i, o, by_seq.get(o.seq))
+             for i, o in enumerate(rec.report.outcomes, start=1)]
+    return render_template("saga.html", rec=rec, undos=undos, waiting=waiting_step(rec))
+
+
+def _short_tool(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _when(t: datetime | None) -> str:
+    return "" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(t: datetime | None, now: datetime | None = None) -> str:
+    if t is None:
+        return ""
+    s = int(((now or datetime.now(UTC)) - t).total_seconds())
+    if s < 0:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s // size} {unit} ago"
+    return f"{s} s ago"
+
+
+def _js(v: Any) -> str:
+    return json.dumps(v, default=str, ensure_ascii=False)
+
+
+def _args(e: EntryRecord | SagaRecord) -> str:
+    """A step's arguments, or a flow saga's (``name=value`` for keywords)."""
+    if isinstance(e, SagaRecord):
+        args, kwargs = e.flow_args or [], e.flow_kwargs or {}
+    else:
+        args, kwargs = e.args, e.kwargs
+    parts = [_js(a) for a in args] + [f"{k}={_js(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _css(value: Any) -> str:
+    return str(getattr(value, "value", value)).lower().replace("_", "-")
+
+
+def register_filters(app: Any) -> None:
+    app.jinja_env.filters.update(tool=_short_tool, when=_when, ago=_ago, js=_js,
+                                 args=_args, css=_css)
+    app.jinja_env.globals.update(Phase=Phase, SagaStatus=SagaStatus)
+    app.context_processor(lambda: {"now": datetime.now(UTC)})

@@ -1,0 +1,45 @@
+"""What the web app asks the journal beyond ``sw.inspect``/``sw.sagas``: idle sagas and the
+step an open saga waits on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from sagaworker import EntryRecord, Phase, SagaNotFound, SagaRecord, SagaStatus
+from sagaworker._journal.schema import entries, sagas
+
+__all__ = ["idle_sagas", "waiting_step"]
+
+
+def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
+    """RUNNING sagas of the asynchronous form the sweeper reported idle (``saga_idle``,
+    SAGAWORKER_IDLE_AFTER) and nobody has moved since: their producer is gone and their
+    effects are live. Oldest report first."""
+    busy = select(entries.c.saga_id).where(
+        entries.c.saga_id == sagas.c.saga_id,
+        entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value])
+        | (entries.c.updated_at > sagas.c.idle_reported_at))
+    query = (select(sagas.c.saga_id)
+             .where(sagas.c.flow.is_(None), sagas.c.status == SagaStatus.RUNNING.value,
+                    sagas.c.fail_requested_at.is_(None), sagas.c.idle_reported_at.is_not(None),
+                    sagas.c.idle_reported_at >= sagas.c.updated_at, ~busy.exists())
+             .order_by(sagas.c.idle_reported_at).limit(limit))
+    with sw.journal.engine.connect() as conn:
+        ids = [r.saga_id for r in conn.execute(query)]
+    out = []
+    for saga_id in ids:
+        try:
+            out.append(sw.inspect(saga_id))
+        except SagaNotFound:  # pruned meanwhile
+            continue
+    return out
+
+
+def waiting_step(rec: SagaRecord) -> EntryRecord | None:
+    """The step an open saga waits on: its first entry in INTENT or AWAITING_APPROVAL."""
+    if rec.status.terminal:
+        return None
+    return next((e for e in rec.entries
+                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)

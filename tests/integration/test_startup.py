@@ -1,0 +1,113 @@
+"""Mistakes are named at start, in one line: a worker refuses to start (exit 3), a
+producer gets a ConfigurationError, the CLI prints the line, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sagaworker import ConfigurationError, Sagaworker, Settings
+from tests.conftest import BROKERS, ROOT, TEST_SECRET, _broker, need
+
+pytestmark = pytest.mark.services
+
+UNREACHABLE = "postgresql+psycopg://shop:hunter2-secret@127.0.0.1:1/shop"
+
+
+def _worker(tmp_path: Path, database_url: str, secret: str) -> subprocess.CompletedProcess[str]:
+    """`celery -A tests.app worker` as a user starts it; it must exit by itself."""
+    need("rabbitmq", _broker(BROKERS["rabbitmq"]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(PYTHONPATH=str(ROOT), TESTS_APP_WORKER="1",
+               TEST_DEFAULT_QUEUE=f"start-{uuid.uuid4().hex[:6]}",
+               SAGAWORKER_DATABASE_URL=database_url,
+               SAGAWORKER_BROKER_URL=BROKERS["rabbitmq"],
+               SAGAWORKER_QUEUE=f"sw-start-{uuid.uuid4().hex[:6]}",
+               SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0")
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.app", "worker",
+                           "-c", "1", "--without-gossip", "--without-mingle"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert "Traceback" not in out
+    lines = [ln for ln in proc.stderr.splitlines() if "refusing to start" in ln]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_a_worker_refuses_an_unreachable_database_masking_the_password(
+        tmp_path: Path) -> None:
+    """One line: the URL with its password masked, and what to check."""
+    line = _refusal(_worker(tmp_path, UNREACHABLE, TEST_SECRET))
+    assert "cannot reach the journal database" in line
+    assert "postgresql+psycopg://shop:***@127.0.0.1:1/shop" in line
+    assert "hunter2" not in line
+
+
+def test_a_worker_refuses_a_journal_nobody_migrated(tmp_path: Path, fresh_pg_url: str) -> None:
+    """Instead of starting and logging sweep_failed every 15 s."""
+    line = _refusal(_worker(tmp_path, fresh_pg_url, TEST_SECRET))
+    assert "db upgrade" in line and "missing" in line
+
+
+def test_a_worker_refuses_an_older_schema(tmp_path: Path, fresh_pg_url: str) -> None:
+    from sagaworker._journal.migrate import upgrade
+
+    upgrade(fresh_pg_url, "0003")
+    line = _refusal(_worker(tmp_path, fresh_pg_url, TEST_SECRET))
+    assert "revision 0003, older than" in line and "db upgrade" in line
+
+
+@pytest.mark.parametrize("secret", ["", "too-short"])
+def test_a_worker_with_gated_tools_refuses_a_missing_or_short_secret(
+        tmp_path: Path, pg_url: str, secret: str) -> None:
+    """A gate nobody could open would leave flows stalled: refused, naming the setting and
+    the gated tools, without echoing the secret."""
+    line = _refusal(_worker(tmp_path, pg_url, secret))
+    assert "SAGAWORKER_APPROVAL_SECRET" in line and "tests.app.ship" in line
+    assert "token_urlsafe" in line
+    if secret:
+        assert secret not in line
+
+
+def test_a_producer_gets_a_configuration_error_not_raw_sql(fresh_pg_url: str) -> None:
+    """The forgotten `db upgrade` and the wrong URL, as a producer meets them; the
+    producer recovers once the schema is there (no restart)."""
+    from celery import Celery
+
+    from sagaworker._journal.migrate import upgrade
+
+    sw = Sagaworker(Celery("p", broker="memory://"), settings=Settings(
+        database_url=fresh_pg_url, approval_secret=TEST_SECRET))
+    with pytest.raises(ConfigurationError, match="db upgrade"):
+        sw.begin("p-1")
+    upgrade(fresh_pg_url)
+    sw.begin("p-1")
+    assert sw.inspect("p-1").saga_id == "p-1"
+    down = Sagaworker(Celery("q", broker="memory://"), settings=Settings(
+        database_url=UNREACHABLE, approval_secret=TEST_SECRET))
+    with pytest.raises(ConfigurationError, match=r"shop:\*\*\*@127\.0\.0\.1:1") as err:
+        down.begin("p-2")
+    assert "hunter2" not in str(err.value)
+
+
+def test_the_cli_prints_one_line(tmp_path: Path) -> None:
+    """`list` against a database that cannot be reached: one line on stderr, exit 1."""
+    (tmp_path / "downapp.py").write_text(
+        "from celery import Celery\nfrom sagaworker import Sagaworker\n"
+        f"sw = Sagaworker(Celery('d', broker='memory://'), database_url={UNREACHABLE!r})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-m", "sagaworker.cli", "-A", "downapp", "list"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot reach")
+    assert "hunter2" not in proc.stderr

@@ -1,0 +1,180 @@
+"""The command line as an operator meets it: no app is ever guessed, tables are never cut,
+tokens are copied whole, journal text is shown as text."""
+
+from __future__ import annotations
+
+import io
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from sagaworker import CompensationReport, Outcome, OutcomeResult, SagaRecord, SagaStatus
+from sagaworker.cli import render
+from sagaworker.cli.commands import main
+
+APP = '''
+from celery import Celery
+from sagaworker import Reversibility, Sagaworker, Settings
+
+app = Celery("cliapp", broker="memory://")
+sw = Sagaworker(app, settings=Settings(
+    database_url=DB, approval_secret="cli-tests-approval-secret-0123456789abcdef"))
+
+
+@sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+def dispatch_a_parcel_to_a_customer_far_away(order_id: str, note: str) -> str:
+    return "shipped"
+'''
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with the app module ``cliapp`` (a gated tool), as the working directory."""
+    (tmp_path / "cliapp.py").write_text(
+        APP.replace("DB", repr(f"sqlite:///{tmp_path / 'j.db'}")))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cliapp", raising=False)
+    for k in [k for k in __import__("os").environ if k.startswith("SAGAWORKER_")]:
+        monkeypatch.delenv(k)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [["list"], ["show", "x"], ["approvals"], ["db", "upgrade"],
+                                  ["worker"], ["web"]])
+def test_a_command_without_an_app_exits_2_naming_the_fix(
+        app_dir: Path, args: list[str]) -> None:
+    """With neither -A nor SAGAWORKER_APP a command says how to name the app and exits 2;
+    it never falls back to a module of its own choosing (an example's empty journal)."""
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert "-A MODULE" in r.output and "SAGAWORKER_APP" in r.output
+
+
+def _record(reason: str) -> SagaRecord:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    long_tool = "tasks.payment.refund_the_card_of_a_customer_who_cancelled"
+    report = CompensationReport(outcomes=[Outcome(
+        seq=1, tool_name=long_tool, result=OutcomeResult.COMPENSATION_FAILED,
+        detail="the refund API answered 503 three times in a row, try again later",
+        attempts=4)], in_doubt=[])
+    return SagaRecord(saga_id="order-with-a-rather-long-identifier-0001",
+                      status=SagaStatus.COMPENSATION_FAILED, reason=reason, metadata={},
+                      created_at=at, updated_at=at, entries=[], report=report)
+
+
+def _rendered(fn: object, *args: object, width: int = 80) -> str:
+    out = io.StringIO()
+    saved = render.console
+    render.console = Console(file=out, width=width, highlight=False)  # piped: 80 columns
+    try:
+        fn(*args)  # type: ignore[operator]
+    finally:
+        render.console = saved
+    return out.getvalue()
+
+
+def _words(text: str) -> str:
+    """The text with spaces and line breaks taken out."""
+    return "".join(text.split())
+
+
+def _columns(out: str, title: str) -> list[str]:
+    """The body cells of the table under ``title`` (or the first), column by column, each
+    column's folded lines joined again."""
+    lines = out.splitlines()
+    start = next((i for i, ln in enumerate(lines) if title in ln), 0)
+    cols: list[str] = []
+    for ln in lines[start:]:
+        if ln.startswith("└"):
+            break
+        if ln.startswith("│"):
+            cells = ln.split("│")[1:-1]
+            cols += [""] * (len(cells) - len(cols))
+            for i, cell in enumerate(cells):
+                cols[i] += cell.strip()
+    return cols
+
+
+def test_tables_are_never_cut_when_piped() -> None:
+    """At 80 columns every value is there in full, folded over lines, never ``…``."""
+    reason = "step 3 (tasks.payment.charge_card) failed: CardDeclined: insufficient funds"
+    listing = _rendered(render.render_sagas, [_record(reason)])
+    saga = _rendered(render.render_saga, _record(reason))
+    for out in (listing, saga):
+        assert "…" not in out
+        assert "COMPENSATION_FAILED" in out  # a status is never folded either
+        assert max(len(ln) for ln in out.splitlines()) <= 80
+    assert [_words(c) for c in _columns(listing, "saga")] == [
+        "order-with-a-rather-long-identifier-0001", "COMPENSATION_FAILED", "0",
+        "2026-01-0203:04:05", _words(reason)]
+    seq, tool, outcome, attempts, detail = _columns(saga, "compensation report")
+    assert (seq, attempts) == ("1", "4")
+    assert tool == "refund_the_card_of_a_customer_who_cancelled"
+    assert outcome == "COMPENSATION_FAILED"
+    assert _words(detail) == _words("the refund API answered 503 three times in a row, try again "
+                            "later")
+
+
+def test_journal_text_is_not_markup() -> None:
+    """A reason holding rich markup (``[/]``, a hyperlink) is shown as written."""
+    reason = "bad [/] input [link=https://evil.example]click[/link]"
+    for fn, arg in ((render.render_sagas, [_record(reason)]),
+                    (render.render_saga, _record(reason))):
+        out = _rendered(fn, arg, width=200)
+        assert "[/]" in out and "[link=https://evil.example]" in out
+
+
+def _gate(app_dir: Path) -> str:
+    import cliapp  # type: ignore[import-not-found]
+
+    saga = cliapp.sw.begin("gate-1")
+    saga.enqueue(cliapp.dispatch_a_parcel_to_a_customer_far_away, "o-1", "leave at door")
+    return str(cliapp.sw.pending_approvals()[0].token)
+
+
+def test_an_approval_token_is_printed_whole_on_one_line(app_dir: Path) -> None:
+    """`approvals` at 80 columns: the token is one line, exactly as the journal signs it."""
+    token = _gate(app_dir)
+    assert len(token) > 80
+    r = CliRunner().invoke(main, ["-A", "cliapp", "approvals"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert f"  token: {token}" in r.output.splitlines()
+
+
+@pytest.mark.parametrize("paste", ["wrapped", "stdin"])
+def test_a_pasted_token_is_accepted_with_its_line_breaks(app_dir: Path, paste: str) -> None:
+    """A token pasted with the line breaks and spaces of a narrow terminal, or given on
+    stdin (``approve -``, out of the process list), approves the step."""
+    import cliapp
+
+    token = _gate(app_dir)
+    wrapped = "\n".join(token[i:i + 40] for i in range(0, len(token), 40)) + " \n"
+    if paste == "stdin":
+        r = CliRunner().invoke(main, ["-A", "cliapp", "approve", "-", "--approver", "alice"],
+                               input=wrapped)
+    else:
+        r = CliRunner().invoke(main, ["-A", "cliapp", "approve", wrapped,
+                                      "--approver", "alice"])
+    assert r.exit_code == 0, r.output
+    assert cliapp.sw.pending_approvals() == []
+
+
+def test_web_serves_the_dashboard_of_the_named_app(app_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sagaworker -A MODULE web` serves sagaworker.web's dashboard and API over that app's
+    journal (the Flask app it would run is taken and asked instead)."""
+    import flask
+
+    served: list[flask.Flask] = []
+    monkeypatch.setattr(flask.Flask, "run", lambda self, **kw: served.append(self))
+    _gate(app_dir)
+    r = CliRunner().invoke(main, ["-A", "cliapp", "web", "--port", "8123"])
+    assert r.exit_code == 0, r.output
+    client = served[0].test_client()
+    assert [s["saga_id"] for s in client.get("/sagas").get_json()["sagas"]] == ["gate-1"]
+    assert client.get("/").status_code == 200
