@@ -10,11 +10,15 @@ them. A move not in the table is an error (``move()`` raises), never a silent no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .._base.types import OutcomeResult, Phase, SagaStatus
 
-__all__ = ["MOVES", "Move", "mermaid", "move"]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+__all__ = ["MOVES", "Move", "mermaid", "move", "performs"]
 
 #: pseudo-states of the drawing: before a row exists, the attempt and undo sub-states
 NEW = "[*]"
@@ -120,6 +124,21 @@ _BY_NAME = {(m.machine, m.name): m for m in MOVES}
 def move(machine: str, name: str) -> Move:
     """The move of that name; KeyError for one the table does not allow."""
     return _BY_NAME[(machine, name)]
+
+
+def performs(machine: str, *names: str) -> Callable[[_F], _F]:
+    """Mark the function that performs these moves of one machine (each must be in the
+    table). Every move is performed by exactly one function (a test holds the code to it),
+    and only such functions write a status or a phase."""
+    for name in names:
+        move(machine, name)  # KeyError at import for a move the table does not allow
+
+    def mark(fn: _F) -> _F:
+        done: tuple[tuple[str, str], ...] = getattr(fn, "__moves__", ())
+        fn.__moves__ = (*done, *((machine, n) for n in names))  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 def mermaid(machine: str) -> str:

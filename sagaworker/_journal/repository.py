@@ -43,6 +43,7 @@ from .._base.types import (
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
 from .dialect import aware, is_busy, listens, read_only
+from .lifecycle import performs
 from .notify import Notifier, Wake
 from .schema import audit, entries, metadata, sagas
 
@@ -216,6 +217,7 @@ class Journal:
 
     # -- producer ----------------------------------------------------------------
 
+    @performs("saga", "begin")
     def create_saga(self, saga_id: str, meta: dict[str, Any], *,
                     deadline: float | None = None, flow: str | None = None,
                     flow_args: list[Any] | None = None,
@@ -233,6 +235,8 @@ class Journal:
                 "to carry on the existing one"
             ) from exc
 
+    @performs("step", "journal", "gate")
+    @performs("saga", "await_decision")
     def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
                     expect_seq: int | None = None) -> list[int]:
         """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs.
@@ -271,6 +275,8 @@ class Journal:
 
         return self.write(body)
 
+    @performs("step", "journal", "gate")
+    @performs("saga", "await_decision")
     def _intent_fast(self, saga_id: str, e: NewEntry, t: datetime) -> int:
         """One step's INTENT in one round trip (``_pgfast``).
 

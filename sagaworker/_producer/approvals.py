@@ -16,8 +16,6 @@ from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.settings import Settings
 from .._base.types import OPEN, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware
-from .._journal.lifecycle import move
-from .._journal.repository import now
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe.logging import get_logger
@@ -125,12 +123,9 @@ class Gate:
                            "string, journaled and logged with the decision); nothing changed")
         body = self.signer.verify(token)
         saga_id, seq = body["s"], body["q"]
-        j = self.rt.journal
-        t = now()
-        with j.engine.begin() as conn:
-            saga = j.lock_saga(conn, saga_id)
-            row = conn.execute(select(entries).where(entries.c.saga_id == saga_id,
-                                                     entries.c.seq == seq)).first()
+
+        def check(saga: Any, row: Any) -> None:
+            """The token against the journal, under the saga row's lock."""
             if saga is None or row is None:
                 raise ApprovalInvalid(f"approval token names saga {saga_id!r} step {seq}, "
                                       "which is not in the journal; nothing changed")
@@ -152,26 +147,14 @@ class Gate:
                     f"saga {saga_id!r} is {saga.status} and was asked to fail "
                     f"({saga.reason or 'no reason given'}); its gates are closed, nothing "
                     "changed")
-            if approve:
-                # published_at: the relay counts from the approval, not the original INTENT
-                j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
-                            approved_by=approver,
-                            approved_at=t, approved_digest=body["d"], approval_nonce=None,
-                            published_at=t)
-                others = conn.execute(select(entries.c.seq).where(
-                    entries.c.saga_id == saga_id,
-                    entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
-                if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
-                    j.touch(conn, saga_id, status=move("saga", "decided").target)
-            else:
-                why = reason or "rejected"
-                j.set_entry(conn, saga_id, seq, phase=move("step", "reject").target,
-                            rejected_by=approver,
-                            rejected_at=t, rejection_reason=why, approval_nonce=None,
-                            error=f"rejected by {approver}: {why}")
-                j.touch(conn, saga_id, fail_requested_at=t,
-                        reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
-            j.audit(conn, saga_id, seq, "approve" if approve else "reject", approver, reason)
+
+        machine = self.rt.machine
+        if approve:
+            row = machine.approve(saga_id, seq, check=check, approver=approver,
+                                  digest=body["d"], reason=reason)
+        else:
+            row = machine.reject(saga_id, seq, check=check, approver=approver,
+                                 reason=reason)
         fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
         if approve:
             log.info("approval_granted", **fields)

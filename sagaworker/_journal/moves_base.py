@@ -1,0 +1,147 @@
+"""What every move of the state machine shares: the results moves answer with, tokens,
+the lease, and the small moves several machines perform (doubt, cancel, a failure request).
+
+Rules every method keeps:
+- it locks the saga row first, then entry rows (the one lock order: no deadlocks), except
+  the two single-statement hot paths (claim and EXECUTED) whose one statement is the
+  compare-and-set;
+- a forward attempt and an undo try are fenced by a random token taken when they are
+  claimed: heartbeat, release, outcome and failure match on it, so a stale attempt, a late
+  heartbeat or a duplicate delivery never writes over a newer one;
+- tokens are made by the caller, outside the transaction, so a transaction replayed after
+  a lost COMMIT (``retrying``) recognises its own write and answers as the first time did;
+- leases are measured on the database's clock (``db_now``/``db_later``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .._base.settings import Settings
+from .._base.types import OPEN, Phase, SagaStatus
+from .dialect import db_now
+from .lifecycle import move, performs
+from .repository import Journal, now
+from .schema import entries
+
+__all__ = ["Claim", "Executed", "Held", "MoveBase", "Start", "UndoClaim", "UndoState",
+           "new_token", "worker_label"]
+
+
+def new_token() -> str:
+    """A fresh attempt or undo token."""
+    return secrets.token_hex(16)
+
+
+def worker_label() -> str:
+    """Who runs an attempt, for people to read. No behaviour depends on it."""
+    return f"{socket.gethostname()}|{os.getpid()}"
+
+
+class Start(Enum):
+    RUN = "run"                  # this delivery runs the tool
+    DONE = "done"                # already EXECUTED: the journaled result stands
+    FINISHED = "finished"        # FAILED / CANCELLED / REJECTED: nothing to do
+    BUSY = "busy"                # another delivery's attempt is still running
+    CANCELLED = "cancelled"      # the saga is failing: the step is not run
+    IN_DOUBT = "in_doubt"        # an earlier attempt died with no outcome
+    NOT_APPROVED = "not_approved"
+    UNKNOWN = "unknown"          # no such saga or entry
+    MISMATCH = "mismatch"        # the message names another tool than the journal
+
+
+@dataclass(frozen=True)
+class Claim:
+    start: Start
+    attempt: int = 0
+    row: Any = None
+    saga_status: SagaStatus | None = None
+    rerun: bool = False
+
+
+@dataclass(frozen=True)
+class Executed:
+    """What journaling EXECUTED came to: ``applied`` False when the attempt was fenced."""
+
+    applied: bool
+    status: SagaStatus | None
+    flow: str | None = None  # the saga's flow: the worker advances it at once
+
+
+class UndoClaim(Enum):
+    CLAIMED = "claimed"
+    BUSY = "busy"                # another undo of the saga is live
+    WAITING = "waiting"          # a forward step still runs; its outcome re-sends the chain
+    FINISHED = "finished"
+    NOT_COMPENSATING = "not_compensating"
+
+
+@dataclass(frozen=True)
+class UndoState:
+    state: UndoClaim
+    row: Any = None
+    attempt: int = 0
+    status: SagaStatus | None = None
+    reason: str | None = None
+    dirty_tools: tuple[str, ...] = ()
+    #: forward steps found dead (in doubt) by this move: the caller logs step_in_doubt
+    in_doubt: tuple[Any, ...] = ()
+    #: undos given up by this move because their worker died on every try
+    died: tuple[tuple[Any, str], ...] = field(default=())
+
+
+#: what a process holds a lease on: (saga id, seq, True for an undo, token)
+Held = tuple[str, int, bool, str]
+
+_INTENT, _EXECUTED = Phase.INTENT.value, Phase.EXECUTED.value
+_OPEN_VALUES = [s.value for s in OPEN]
+_CLAIM = move("step", "claim")
+_EXECUTE = move("step", "execute")
+
+
+def _alive(col: Any) -> Any:
+    return (col > db_now()).label("alive")
+
+
+
+class MoveBase:
+    """The journal and the settings every machine's moves use."""
+
+    def __init__(self, journal: Journal, settings: Settings) -> None:
+        self.j = journal
+        self.settings = settings
+
+    @property
+    def lease(self) -> float:
+        return self.settings.lease_seconds
+
+    @performs("step", "doubt")
+    def _doubt(self, conn: Any, saga_id: str, seq: int, token: str | None, exhausted: bool,
+               reruns: int) -> None:
+        """Move ``doubt``: the attempt's worker was lost before an outcome."""
+        why = (f"in doubt: the attempt's worker was lost before an outcome was journaled, "
+               f"on each of {reruns + 1} attempts (SAGAWORKER_MAX_RERUNS); the effect may or "
+               "may not have happened" if exhausted else
+               "in doubt: the attempt's worker was lost before an outcome was journaled; "
+               "the effect may or may not have happened")
+        self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                         phase=move("step", "doubt").target, in_doubt=True, lease_until=None,
+                         attempt_token=token, error=why)
+
+    @performs("step", "cancel")
+    def _cancel(self, conn: Any, saga_id: str, seq: int, why: str) -> int:
+        return int(self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                                    entries.c.lease_until.is_(None),
+                                    phase=move("step", "cancel").target, error=why))
+
+    @performs("saga", "request_failure")
+    def _request_failure(self, conn: Any, saga: Any, reason: str) -> None:
+        """Ask a saga to fail, once: the first reason stands."""
+        if saga.fail_requested_at is None and SagaStatus(saga.status) in OPEN:
+            self.j.touch(conn, saga.saga_id, fail_requested_at=now(), reason=reason)
+

@@ -1,0 +1,135 @@
+"""A saga's moves: asked to fail, aborted, past its deadline, compensating, completed.
+Each is one guarded transaction on the saga row (locked first)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from .._base.types import OPEN, Phase, SagaStatus
+from .lifecycle import move, performs
+from .moves_base import (
+    _EXECUTED,
+    _INTENT,
+    MoveBase,
+)
+from .repository import now, retrying
+from .schema import entries
+
+__all__ = ["SagaMoves"]
+
+
+class SagaMoves(MoveBase):
+    """The moves of a saga's status."""
+
+    @retrying
+    def request_failure(self, saga_id: str, reason: str) -> SagaStatus:
+        """Journal that the saga must fail (gates close at once); raises for COMPLETED."""
+        from .._base.errors import SagaNotFound, SagaworkerError
+
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            status = SagaStatus(saga.status)
+            if status is SagaStatus.COMPLETED:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is COMPLETED; a completed saga is not undone. Begin a "
+                    "new saga for the correction")
+            self._request_failure(conn, saga, reason)
+            return status
+
+    @retrying
+    def abort(self, saga_id: str, *, reason: str, actor: str) -> SagaStatus:
+        """An operator asks a saga to fail (gates close at once); refused once terminal."""
+        from .._base.errors import SagaNotFound, SagaworkerError
+
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            status = SagaStatus(saga.status)
+            if status not in OPEN:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is {status.value}; only a RUNNING or AWAITING_APPROVAL "
+                    "saga can be aborted")
+            self._request_failure(conn, saga, f"aborted by {actor}: {reason}")
+            self.j.audit(conn, saga_id, None, "abort", actor, reason)
+            return status
+
+    @retrying
+    def fail_overdue(self, saga_id: str) -> Any:
+        """The deadline passed: ask the saga to fail; its row when this call did."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if (saga is None or SagaStatus(saga.status) not in OPEN
+                    or saga.fail_requested_at is not None or saga.deadline_at is None):
+                return None
+            self._request_failure(conn, saga, "deadline passed")
+            return saga
+
+    @retrying
+    @performs("saga", "begin_compensation", "begin_compensation_failing")
+    def begin_compensation(self, saga_id: str, reason: str | None,
+                           token: str) -> tuple[bool, int, str]:
+        """Move ``begin_compensation``: one failure handler wins and starts the chain."""
+        t = now()
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                return False, 0, ""
+            if SagaStatus(saga.status) not in OPEN:
+                replay = (saga.status == SagaStatus.COMPENSATING.value
+                          and saga.chain_token == token)
+                return replay, self._executed_count(conn, saga_id), saga.reason or ""
+            why = saga.reason or reason or "saga failed"
+            self.j.touch(conn, saga_id, status=move("saga", "begin_compensation").target,
+                         reason=why, compensation_started_at=t, chain_touched_at=t,
+                         fail_requested_at=saga.fail_requested_at or t, chain_token=token)
+            # Steps not running are never run now (an unstarted one, or one waiting for
+            # its Celery retry); undecided gates close. Running ones are waited for.
+            conn.execute(update(entries).where(
+                entries.c.saga_id == saga_id,
+                ((entries.c.phase == _INTENT) & entries.c.lease_until.is_(None))
+                | (entries.c.phase == Phase.AWAITING_APPROVAL.value),
+            ).values(phase=move("step", "cancel").target, updated_at=t,
+                     error="cancelled: the saga is compensating; this step was not run"))
+            return True, self._executed_count(conn, saga_id), why
+
+    @staticmethod
+    def _executed_count(conn: Any, saga_id: str) -> int:
+        return int(conn.execute(select(func.count()).select_from(entries).where(
+            entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED)).scalar() or 0)
+
+    @retrying
+    @performs("saga", "complete")
+    def complete(self, saga_id: str, *, result: Any = None) -> None:
+        """Move ``complete``: RUNNING -> COMPLETED once every step EXECUTED."""
+        from .._base.errors import SagaNotFound, SagaworkerError
+
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r}")
+            if saga.status == SagaStatus.COMPLETED.value:
+                return
+            if saga.status != SagaStatus.RUNNING.value or saga.fail_requested_at is not None:
+                raise SagaworkerError(
+                    f"saga {saga_id!r} is {saga.status}"
+                    f"{' and failing' if saga.fail_requested_at else ''}; "
+                    "only a RUNNING saga with every step EXECUTED can complete")
+            # an EXECUTED step with an error had its effect but no journaled result: its
+            # worker is asking the saga to fail, so it cannot complete
+            bad = conn.execute(select(entries.c.seq, entries.c.tool_name, entries.c.phase)
+                               .where(entries.c.saga_id == saga_id,
+                                      (entries.c.phase != _EXECUTED)
+                                      | entries.c.error.is_not(None))).all()
+            if bad:
+                listed = ", ".join(f"#{b.seq} {b.tool_name} {b.phase}" for b in bad)
+                raise SagaworkerError(
+                    f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
+                    "wait for them (step.result()) or call saga.fail(reason)")
+            self.j.touch(conn, saga_id, status=move("saga", "complete").target,
+                         finished_at=now(), result=result)
+

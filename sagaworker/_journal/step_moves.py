@@ -1,0 +1,276 @@
+"""A step's moves: claim an attempt, keep its lease, release it, journal its outcome, and
+decide its approval gate. Each is one guarded compare-and-set transaction (the rules in
+``docs/design.md``); the attempt token fences every write of an attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from .._base.types import OPEN, Phase, SagaStatus
+from . import pgfast as _pgfast
+from .dialect import db_later
+from .lifecycle import move, performs
+from .moves_base import (
+    _EXECUTE,
+    _EXECUTED,
+    _INTENT,
+    _OPEN_VALUES,
+    Claim,
+    Executed,
+    Held,
+    MoveBase,
+    Start,
+    _alive,
+)
+from .repository import now, retrying
+from .schema import entries, sagas
+
+__all__ = ["StepMoves"]
+
+
+class StepMoves(MoveBase):
+    """The moves of a step (a journal entry) and of its attempts."""
+
+    @retrying
+    @performs("step", "claim")
+    def claim_start(self, saga_id: str, seq: int, tool: str, *, token: str, worker: str,
+                    idempotent: bool, task_id: str | None) -> Claim:
+        """Move ``claim``: this delivery runs the tool, or is told why not."""
+        engine = self.j.engine
+        if _pgfast.enabled(engine):
+            # the same compare-and-set as below, one round trip (``_pgfast``)
+            got = _pgfast.claim(engine, saga_id=saga_id, seq=seq, tool=tool, token=token,
+                                worker=worker, task_id=task_id, lease=self.lease, t=now())
+            if got is not None:
+                return Claim(Start.RUN, attempt=got.attempts, row=got)
+            with engine.begin() as conn:
+                return self._claim_locked(conn, saga_id, seq, tool, token, worker,
+                                          idempotent, task_id)
+        with engine.begin() as conn:
+            # Fast path, one statement: an ungated INTENT nobody holds, in an open saga
+            # not asked to fail. The entry row is the serialization point: moves that
+            # cancel it (begin_compensation, finish) are compare-and-sets on that row, so
+            # a claim lands first (the step runs, the chain waits for it) or finds it no
+            # longer INTENT. Gated steps take the locked path: their IRREVERSIBLE effect
+            # must see a failure request that committed a moment before.
+            claimed = conn.execute(
+                update(entries)
+                .where(entries.c.saga_id == saga_id, entries.c.seq == seq,
+                       entries.c.phase == _INTENT, entries.c.lease_until.is_(None),
+                       entries.c.tool_name == tool, entries.c.approved_by.is_(None),
+                       sagas.c.saga_id == entries.c.saga_id,
+                       sagas.c.status.in_(_OPEN_VALUES), sagas.c.fail_requested_at.is_(None))
+                .values(attempts=entries.c.attempts + 1, started_at=now(),
+                        lease_until=db_later(self.lease), worker=worker, attempt_token=token,
+                        retry_due_at=None, task_id=func.coalesce(task_id, entries.c.task_id),
+                        resends=0, resend_at=None, updated_at=now())
+                .returning(*entries.c)).first()  # (SQLite returns the target table only)
+            if claimed is not None:
+                return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
+            return self._claim_locked(conn, saga_id, seq, tool, token, worker, idempotent,
+                                      task_id)
+
+    def _claim_locked(self, conn: Any, saga_id: str, seq: int, tool: str, token: str,
+                      worker: str, idempotent: bool, task_id: str | None) -> Claim:
+        # Lock the saga row, then read the entry in a statement of its own (a joined
+        # SELECT ... FOR UPDATE OF sagas would read the entry from the snapshot taken
+        # before the lock wait).
+        saga = self.j.lock_saga(conn, saga_id)
+        row = conn.execute(select(entries, _alive(entries.c.lease_until))
+                           .where(entries.c.saga_id == saga_id, entries.c.seq == seq)).first()
+        if saga is None or row is None:
+            return Claim(Start.UNKNOWN)
+        status = SagaStatus(saga.status)
+        if row.tool_name != tool:
+            return Claim(Start.MISMATCH, row=row, saga_status=status)
+        phase = Phase(row.phase)
+        if phase is Phase.EXECUTED:
+            return Claim(Start.DONE, row=row, saga_status=status)
+        if phase is Phase.AWAITING_APPROVAL:
+            return Claim(Start.NOT_APPROVED, row=row, saga_status=status)
+        if phase is not Phase.INTENT:
+            return Claim(Start.FINISHED, row=row, saga_status=status)
+        if row.attempt_token == token and row.lease_until is not None:
+            # our own claim, whose COMMIT reply was lost: replayed, it is still ours
+            return Claim(Start.RUN, attempt=row.attempts, row=row, saga_status=status,
+                         rerun=row.reruns > 0)
+        if row.alive:
+            return Claim(Start.BUSY, row=row, saga_status=status)
+        died = row.lease_until is not None  # started, lease lapsed, no outcome journaled
+        failing = status not in OPEN or saga.fail_requested_at is not None
+        if died and (failing or not idempotent or row.reruns >= self.settings.max_reruns):
+            if not failing:
+                why = (f"died on each of its {row.reruns + 1} attempts"
+                       if idempotent else "its worker was lost")
+                self._request_failure(conn, saga, f"step {seq} ({row.tool_name}) in doubt: "
+                                                  f"{why}")
+            self._doubt(conn, saga_id, seq, row.attempt_token, idempotent and not failing,
+                        row.reruns)
+            return Claim(Start.IN_DOUBT, row=row, saga_status=status)
+        if failing:
+            why = ("its Celery retry was not run" if row.started_at is not None
+                   else "it never started")
+            self._cancel(conn, saga_id, seq, f"cancelled: the saga is failing and {why}")
+            return Claim(Start.CANCELLED, row=row, saga_status=status)
+        self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                         attempts=row.attempts + 1, started_at=now(),
+                         lease_until=db_later(self.lease), worker=worker, attempt_token=token,
+                         retry_due_at=None, reruns=row.reruns + (1 if died else 0),
+                         task_id=task_id or row.task_id, resends=0, resend_at=None)
+        return Claim(Start.RUN, attempt=row.attempts + 1, row=row, saga_status=status,
+                     rerun=died)
+
+
+    @retrying
+    @performs("step", "heartbeat")
+    def heartbeat(self, held: list[Held]) -> None:
+        """Move ``heartbeat``: extend the leases this process still holds, by token.
+
+        One short transaction each; an undo's also tells the sweeper the chain moves.
+        """
+        for saga_id, seq, undo, token in held:
+            with self.j.engine.begin() as conn:
+                if undo:
+                    self.j.touch(conn, saga_id, chain_touched_at=now())
+                    conn.execute(update(entries).where(
+                        entries.c.saga_id == saga_id, entries.c.seq == seq,
+                        entries.c.compensation.is_(None), entries.c.undo_token == token,
+                        entries.c.comp_lease_until.is_not(None))
+                        .values(comp_lease_until=db_later(self.lease)))
+                else:
+                    conn.execute(update(entries).where(
+                        entries.c.saga_id == saga_id, entries.c.seq == seq,
+                        entries.c.phase == _INTENT, entries.c.attempt_token == token,
+                        entries.c.lease_until.is_not(None))
+                        .values(lease_until=db_later(self.lease)))
+
+    @retrying
+    @performs("step", "release")
+    def release(self, saga_id: str, seq: int, token: str, error: str) -> SagaStatus | None:
+        """Move ``release``: the attempt raised; Celery may retry it (not in doubt)."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                return None
+            self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                             entries.c.attempt_token == token,
+                             lease_until=None, error=error,
+                             retry_due_at=db_later(self.settings.relay_after))
+            return SagaStatus(saga.status)
+
+    @retrying
+    def retry_due(self, saga_id: str, seq: int, token: str, delay: float,
+                  retries: int) -> None:
+        """When Celery's retry message of a released attempt is due (the sweeper resends
+        it when it does not come)."""
+        with self.j.engine.begin() as conn:
+            self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                             entries.c.attempt_token == token, entries.c.lease_until.is_(None),
+                             retry_due_at=db_later(max(delay, 0.0)), celery_retries=retries)
+
+    @retrying
+    @performs("step", "execute")
+    def executed(self, saga_id: str, seq: int, token: str, result: Any,
+                 duration_ms: float, *, error: str | None = None) -> Executed:
+        """Move ``execute``; ``applied`` False when another attempt fenced this one out.
+        ``error``: the effect happened but its result cannot be journaled (result None)."""
+        t = now()
+        engine = self.j.engine
+        if _pgfast.enabled(engine):
+            got = _pgfast.executed(engine, saga_id=saga_id, seq=seq, token=token,
+                                   result=result, duration_ms=duration_ms, t=t, error=error)
+            if got is not None:
+                return Executed(True, SagaStatus(got[0]), got[1])
+        with engine.begin() as conn:
+            if _pgfast.enabled(engine):
+                # a miss of the statement above: a replay of our own outcome, or fenced
+                saga = self.j.lock_saga(conn, saga_id)
+            else:
+                saga = self.j.lock_saga(conn, saga_id)
+                if saga is None:
+                    return Executed(False, None)
+                n = self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                                     entries.c.attempt_token == token,
+                                     phase=_EXECUTE.target, result=result, executed_at=t,
+                                     exec_order=saga.exec_counter + 1, lease_until=None,
+                                     duration_ms=duration_ms, error=error)
+                if n:
+                    self.j.touch(conn, saga_id, exec_counter=saga.exec_counter + 1)
+                    return Executed(True, SagaStatus(saga.status), saga.flow)
+            if saga is None:
+                return Executed(False, None)
+            row = self.j.entry(conn, saga_id, seq)
+            replay = row is not None and row.phase == _EXECUTED and row.attempt_token == token
+            return Executed(replay, SagaStatus(saga.status), saga.flow)
+
+    @retrying
+    @performs("step", "fail")
+    def failed(self, saga_id: str, seq: int, token: str, error: str, *,
+               in_doubt: bool = False) -> SagaStatus | None:
+        """Move ``fail``: the saga status, or None when the attempt no longer holds it."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                return None
+            n = self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                                 entries.c.attempt_token == token,
+                                 phase=move("step", "fail").target, error=error,
+                                 in_doubt=in_doubt, lease_until=None)
+            if not n:
+                row = self.j.entry(conn, saga_id, seq)
+                replay = (row is not None and row.phase == Phase.FAILED.value
+                          and row.attempt_token == token)
+                return SagaStatus(saga.status) if replay else None
+            tool = self.j.entry(conn, saga_id, seq).tool_name
+            self._request_failure(conn, saga, f"step {seq} ({tool}) failed: {error}")
+            return SagaStatus(saga.status)
+
+
+    # -- the approval gate -----------------------------------------------------------
+
+    def _gate(self, conn: Any, saga_id: str, seq: int,
+              check: Callable[[Any, Any], None]) -> tuple[Any, Any]:
+        """The saga (locked) and the gated entry, once ``check`` (the token's) passed."""
+        saga = self.j.lock_saga(conn, saga_id)
+        row = self.j.entry(conn, saga_id, seq)
+        check(saga, row)
+        return saga, row
+
+    @performs("step", "approve")
+    @performs("saga", "decided")
+    def approve(self, saga_id: str, seq: int, *, check: Callable[[Any, Any], None],
+                approver: str, digest: str, reason: str | None) -> Any:
+        """Moves ``approve`` (and ``decided`` once no other gate waits): the entry."""
+        t = now()
+        with self.j.engine.begin() as conn:
+            saga, row = self._gate(conn, saga_id, seq, check)
+            # published_at: the relay counts from the approval, not the original INTENT
+            self.j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
+                             approved_by=approver, approved_at=t, approved_digest=digest,
+                             approval_nonce=None, published_at=t)
+            others = conn.execute(select(entries.c.seq).where(
+                entries.c.saga_id == saga_id,
+                entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
+            if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
+                self.j.touch(conn, saga_id, status=move("saga", "decided").target)
+            self.j.audit(conn, saga_id, seq, "approve", approver, reason)
+            return row
+
+    @performs("step", "reject")
+    def reject(self, saga_id: str, seq: int, *, check: Callable[[Any, Any], None],
+               approver: str, reason: str | None) -> Any:
+        """Move ``reject``: the entry REJECTED and the saga asked to fail; the entry."""
+        t = now()
+        with self.j.engine.begin() as conn:
+            _, row = self._gate(conn, saga_id, seq, check)
+            why = reason or "rejected"
+            self.j.set_entry(conn, saga_id, seq, phase=move("step", "reject").target,
+                             rejected_by=approver, rejected_at=t, rejection_reason=why,
+                             approval_nonce=None, error=f"rejected by {approver}: {why}")
+            self.j.touch(conn, saga_id, fail_requested_at=t,
+                         reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
+            self.j.audit(conn, saga_id, seq, "reject", approver, reason)
+            return row

@@ -1,0 +1,227 @@
+"""An undo's moves: claim the latest-EXECUTED entry's undo, record its outcome, release
+it, reopen it for a re-drive; and the chain's finish. One undo of a saga at a time, latest
+first, never while a forward step runs (``docs/design.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+
+from .._base.types import OutcomeResult, SagaStatus
+from .dialect import db_later
+from .lifecycle import move, performs
+from .moves_base import (
+    _EXECUTED,
+    _INTENT,
+    MoveBase,
+    UndoClaim,
+    UndoState,
+    _alive,
+    worker_label,
+)
+from .repository import now, retrying
+from .schema import entries, sagas
+
+__all__ = ["UndoMoves"]
+
+
+class UndoMoves(MoveBase):
+    """The moves of the undos of a saga's EXECUTED entries."""
+
+    @retrying
+    def claim_undo(self, saga_id: str, token: str) -> UndoState:
+        """Move ``claim_undo``: the latest-EXECUTED entry without an outcome, if it may run."""
+        with self.j.engine.begin() as conn:
+            return self._claim_undo(conn, saga_id, token, self.j.lock_saga(conn, saga_id))
+
+    @retrying
+    def record_and_claim(self, saga_id: str, seq: int, result: OutcomeResult,
+                         detail: str | None, attempts: int, token: str,
+                         next_token: str) -> tuple[bool, UndoState]:
+        """Journal one outcome and claim the next undo, in one transaction."""
+        with self.j.engine.begin() as conn:
+            # One statement locks the saga row, numbers the outcome in the report and
+            # tells the sweeper the chain moves (a miss below leaves a harmless gap).
+            saga = conn.execute(
+                update(sagas).where(sagas.c.saga_id == saga_id)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
+                        updated_at=now(), resends=0, resend_at=None)
+                .returning(*sagas.c)).first()
+            if saga is None:
+                return False, UndoState(UndoClaim.NOT_COMPENSATING)
+            recorded = self._record(conn, saga_id, seq, result, detail, attempts, token,
+                                    order=saga.comp_counter)
+            # recording changes neither the status nor the reason: the locked row serves
+            return recorded, self._claim_undo(conn, saga_id, next_token, saga, touched=True)
+
+    @performs("undo", "record", "skip", "give_up")
+    def _record(self, conn: Any, saga_id: str, seq: int, result: OutcomeResult,
+                detail: str | None, attempts: int | None, token: str, *,
+                order: int | None = None) -> bool:
+        """Moves ``record``/``skip``/``give_up``: once; True also for our own replay."""
+        if order is None:  # the report's order first (a miss leaves a harmless gap)
+            order = conn.execute(
+                update(sagas).where(sagas.c.saga_id == saga_id)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
+                        updated_at=now(), resends=0, resend_at=None)
+                .returning(sagas.c.comp_counter)).scalar()
+        extra = {} if attempts is None else {"compensation_attempts": attempts}
+        n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
+                             entries.c.undo_token == token,
+                             compensation=result.value, compensation_detail=detail,
+                             compensated_at=now(), comp_lease_until=None, comp_order=order,
+                             **extra)
+        if n:
+            return True
+        row = self.j.entry(conn, saga_id, seq)  # only on a miss: our own replayed outcome?
+        return bool(row is not None and row.undo_token == token
+                    and row.compensation is not None)
+
+    @performs("undo", "claim_undo")
+    def _claim_undo(self, conn: Any, saga_id: str, token: str, saga: Any, *,
+                    touched: bool = False) -> UndoState:
+        if saga is None or saga.status != SagaStatus.COMPENSATING.value:
+            if saga is not None and saga.closed_by == token:  # our own finish, replayed
+                return self._finished_state(conn, saga_id, SagaStatus(saga.status), ())
+            return UndoState(UndoClaim.NOT_COMPENSATING,
+                             status=SagaStatus(saga.status) if saga else None)
+        doubted: list[Any] = []
+        # One read for what may hold the chain back: forward attempts and undos that
+        # started and have no outcome (none, in the common case).
+        held = conn.execute(select(
+            entries, _alive(entries.c.lease_until),
+            _alive(entries.c.comp_lease_until).label("comp_alive")).where(
+                entries.c.saga_id == saga_id,
+                or_(and_(entries.c.phase == _INTENT, entries.c.lease_until.is_not(None)),
+                    and_(entries.c.phase == _EXECUTED, entries.c.compensation.is_(None),
+                         entries.c.comp_lease_until.is_not(None))))).all()
+        # 1. No undo while a forward step of the saga runs: a late arrival is undone
+        #    first, once it has an outcome (its EXECUTED re-sends the chain).
+        for p in held:
+            if p.phase != _INTENT:
+                continue
+            if p.alive:
+                return UndoState(UndoClaim.WAITING, row=p, in_doubt=tuple(doubted))
+            self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
+            doubted.append(p)
+        died: list[tuple[Any, str]] = []
+        tries = 1 + self.settings.compensation_retries
+        live = [r for r in held if r.phase == _EXECUTED]
+        while True:
+            # 2. At most one undo of a saga at any moment.
+            mine = [r for r in live if r.undo_token == token]
+            if mine:  # our own claim, whose COMMIT reply was lost
+                r = mine[0]
+                return UndoState(UndoClaim.CLAIMED, row=r, attempt=r.compensation_attempts,
+                                 reason=saga.reason, in_doubt=tuple(doubted),
+                                 died=tuple(died))
+            if any(r.comp_alive for r in live):
+                return UndoState(UndoClaim.BUSY, row=live[0], in_doubt=tuple(doubted),
+                                 died=tuple(died))
+            # 3. Latest EXECUTED first: claimed in one statement, unless its last try's
+            #    worker died with the tries used up (read below).
+            latest = (select(entries.c.seq).where(
+                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
+                entries.c.compensation.is_(None))
+                .order_by(entries.c.exec_order.desc()).limit(1).scalar_subquery())
+            claimed = conn.execute(
+                update(entries)
+                .where(entries.c.saga_id == saga_id, entries.c.seq == latest,
+                       or_(entries.c.comp_lease_until.is_(None),
+                           entries.c.compensation_attempts < tries))
+                .values(compensation_attempts=entries.c.compensation_attempts + 1,
+                        comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
+                        undo_token=token, updated_at=now())
+                .returning(*entries.c)).first()
+            if claimed is not None:
+                if not touched:
+                    self.j.touch(conn, saga_id, chain_touched_at=now())
+                return UndoState(UndoClaim.CLAIMED, row=claimed,
+                                 attempt=claimed.compensation_attempts, reason=saga.reason,
+                                 in_doubt=tuple(doubted), died=tuple(died))
+            row = conn.execute(
+                select(entries).where(entries.c.saga_id == saga_id,
+                                      entries.c.phase == _EXECUTED,
+                                      entries.c.compensation.is_(None))
+                .order_by(entries.c.exec_order.desc()).limit(1)).first()
+            if row is None:
+                return self._finish(conn, saga, token, tuple(doubted), tuple(died))
+            # Its last try's worker died (OOM, segfault, os._exit, a hard time limit):
+            # that try counts, and the tries are used up.
+            detail = (f"the undo's worker died during try {row.compensation_attempts} "
+                      f"of {tries} (killed, out of memory, os._exit or a hard time "
+                      "limit); the effect is still live")
+            self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
+            self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
+                         detail, None, token)
+            died.append((row, detail))
+            live = self._live_undos(conn, saga_id)
+
+    @staticmethod
+    def _live_undos(conn: Any, saga_id: str) -> list[Any]:
+        return list(conn.execute(select(
+            entries, _alive(entries.c.comp_lease_until).label("comp_alive")).where(
+                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
+                entries.c.compensation.is_(None), entries.c.comp_lease_until.is_not(None))
+        ).all())
+
+    @performs("saga", "finish", "finish_dirty")
+    def _finish(self, conn: Any, saga: Any, token: str, doubted: tuple[Any, ...],
+                died: tuple[tuple[Any, str], ...]) -> UndoState:
+        """Moves ``finish``/``finish_dirty``: every undo has an outcome, nothing runs."""
+        saga_id = saga.saga_id
+        for p in conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                    entries.c.phase == _INTENT)).all():
+            if not self._cancel(conn, saga_id, p.seq,
+                                "cancelled: the saga compensated and this step was not run"):
+                return UndoState(UndoClaim.WAITING, row=p, in_doubt=doubted, died=died)
+        dirty = self._dirty(conn, saga_id)
+        status = SagaStatus(move("saga", "finish_dirty" if dirty else "finish").target)
+        self.j.touch(conn, saga_id, status=status.value, finished_at=now(), closed_by=token)
+        return UndoState(UndoClaim.FINISHED, status=status, dirty_tools=dirty,
+                         in_doubt=doubted, died=died)
+
+    def _finished_state(self, conn: Any, saga_id: str, status: SagaStatus,
+                        doubted: tuple[Any, ...]) -> UndoState:
+        return UndoState(UndoClaim.FINISHED, status=status,
+                         dirty_tools=self._dirty(conn, saga_id), in_doubt=doubted)
+
+    @staticmethod
+    def _dirty(conn: Any, saga_id: str) -> tuple[str, ...]:
+        return tuple(conn.execute(select(entries.c.tool_name).where(
+            entries.c.saga_id == saga_id,
+            entries.c.compensation == OutcomeResult.COMPENSATION_FAILED.value)
+            .order_by(entries.c.comp_order)).scalars().all())
+
+    @retrying
+    @performs("undo", "release_undo")
+    def release_undo(self, saga_id: str, seq: int, token: str, detail: str) -> None:
+        """Move ``release_undo``: it raised with tries left."""
+        with self.j.engine.begin() as conn:
+            self.j.lock_saga(conn, saga_id)
+            self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
+                             entries.c.undo_token == token,
+                             comp_lease_until=None, compensation_detail=detail)
+
+    @retrying
+    @performs("saga", "redrive")
+    @performs("undo", "reopen")
+    def reopen_dirty(self, saga_id: str, actor: str | None) -> list[int]:
+        """Moves ``redrive``/``reopen``: COMPENSATION_FAILED outcomes reopen."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None or saga.status != SagaStatus.COMPENSATION_FAILED.value:
+                return []
+            seqs = list(conn.execute(select(entries.c.seq).where(
+                entries.c.saga_id == saga_id,
+                entries.c.compensation == OutcomeResult.COMPENSATION_FAILED.value)).scalars())
+            conn.execute(update(entries).where(entries.c.saga_id == saga_id,
+                                               entries.c.seq.in_(seqs))
+                         .values(compensation=None, comp_lease_until=None, undo_token=None,
+                                 updated_at=now()))
+            self.j.touch(conn, saga_id, status=move("saga", "redrive").target,
+                         finished_at=None, closed_by=None, chain_touched_at=now())
+            self.j.audit(conn, saga_id, None, "retry_compensation", actor,
+                         f"re-running undos of steps {seqs}")
+            return seqs
