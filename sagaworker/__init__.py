@@ -30,8 +30,9 @@ from ._base.types import (
 from ._core.sagaworker import Sagaworker
 from ._journal.dialect import make_engine
 from ._observe.logging import configure_logging
+from ._observe.records import Redaction
 from ._observe.redact import REDACTED as REDACTED
-from ._observe.redact import Redaction, redact_call
+from ._observe.redact import redact_call
 from ._producer.saga import Saga, Step, SyncSaga
 from ._worker.execution import current_idempotency_key
 from ._worker.flows import FlowContext

@@ -68,8 +68,10 @@ from .._base.registry import Registry
 from .._base.settings import Settings
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
+from .._observe import process as _process
 from .._observe import redact as _redact
 from .._observe.logging import configure_logging, get_logger
+from .._observe.records import Redaction
 from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
 from .._worker.execution import Executor
@@ -448,7 +450,7 @@ class CeleryWiring:
             elif task.name in ("sagaworker.saga_failed", "sagaworker.compensate") and args:
                 # the undos of this saga see its arguments: their errors may quote them
                 rec = self.sw.rt.journal.inspect(args[0])
-                red = _redact.Redaction.of(self.sw)
+                red = Redaction.of(self.sw)
                 values = sorted({v for e in rec.entries for v in red.values(e)}, key=len,
                                 reverse=True)
             else:
@@ -456,11 +458,11 @@ class CeleryWiring:
         except Exception as exc:  # never fail a task over it
             log.warning("redaction_values_unavailable", error=type(exc).__name__)
             return
-        _redact.hold(task_id, values)
+        _process.hold(task_id, values)
 
     def _on_task_postrun(self, task_id: str | None = None, **_: Any) -> None:
         if task_id is not None:
-            _redact.release(task_id)
+            _process.release(task_id)
 
     def _on_process_init(self, **_: Any) -> None:
         self.sw.dispose_engine()

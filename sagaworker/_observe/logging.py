@@ -16,14 +16,15 @@ from typing import Any
 
 import structlog
 
+from . import process as _process
 from . import redact as _redact
-from .redact import (
-    REDACTED,
+from .celery_logs import (
     RedactingFilter,
     exc_text_processor,
     install_celery_filters,
     install_filter,
 )
+from .redact import REDACTED
 
 __all__ = ["REDACTED", "RedactingFilter", "configure_logging", "get_logger", "redactor"]
 
@@ -50,11 +51,11 @@ class _RedactingLogger:
 
 
 def _clean(kw: dict[str, Any]) -> dict[str, Any]:
-    keys = _redact.redact_keys()
+    keys = _process.redact_keys()
     if keys:
         kw = {k: (v if k in _KEEP else REDACTED if k in keys else _redact.redact_value(v, keys))
               for k, v in kw.items()}
-    out: dict[str, Any] = _redact.scrub_active(kw)
+    out: dict[str, Any] = _process.scrub_active(kw)
     return out
 
 
@@ -72,7 +73,7 @@ def redactor(keys: Iterable[str]) -> Any:
     wanted = frozenset(keys)
 
     def redact(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
-        keys = wanted | _redact.redact_keys()
+        keys = wanted | _process.redact_keys()
         if keys:
             for k in list(event_dict):
                 if k.startswith("_"):
@@ -86,7 +87,7 @@ def redactor(keys: Iterable[str]) -> Any:
 
 def scrub_values(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
     """The secret values of running tasks scrubbed out of every field (tracebacks too)."""
-    values = _redact.active_values()
+    values = _process.active_values()
     if values:
         for k in list(event_dict):
             if not k.startswith("_"):
@@ -107,7 +108,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO",
                       redact_keys: Iterable[str] = (), stream: Any = None) -> None:
     """Route structlog and stdlib logging (Celery's lines too) through one formatter."""
     keys = tuple(redact_keys)
-    _redact.register(keys)
+    _process.register(keys)
     shared = _chain(keys)
     renderer: Any = (structlog.processors.JSONRenderer() if fmt == "json"
                      else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
@@ -142,7 +143,7 @@ def ensure_structlog(redact_keys: Iterable[str] = (), tools: Any = None) -> None
     filters, filter Celery's loggers, and hand our events to stdlib logging unless the app
     configured structlog (our logger redacts its events either way)."""
     keys = tuple(redact_keys)
-    _redact.register(keys, tools)
+    _process.register(keys, tools)
     install_celery_filters()
     if structlog.is_configured():
         return

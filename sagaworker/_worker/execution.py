@@ -42,7 +42,8 @@ class ToolTask(Task):  # type: ignore[misc]
 
     acks_late = True
     reject_on_worker_lost = True
-    Request = "sagaworker._observe.redact:RedactedRequest"  # celery inspect shows argsrepr only
+    # celery inspect (and Flower) show the redacted argsrepr only
+    Request = "sagaworker._observe.celery_logs:RedactedRequest"
     ignore_result = True
     sagaworker_spec: ToolSpec
     sagaworker_executor: Executor

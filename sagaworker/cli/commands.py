@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from .._base.errors import ConfigurationError, SagaNotFound, SagaworkerError
 from .._base.settings import Settings
 from .._base.types import SagaStatus
-from .._observe.redact import Redaction
+from .._observe.records import Redaction
 from .render import console, redacted, render_saga, render_sagas, saga_json, to_json
 
 __all__ = ["main"]

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from .._observe.redact import Redaction
+from .._observe.records import Redaction
 from .render import console, render_saga
 
 __all__ = ["run_demo", "start_worker"]

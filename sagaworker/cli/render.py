@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .._base.jsonable import plain
 from .._base.types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
-from .._observe.redact import Redaction
+from .._observe.records import Redaction
 
 __all__ = ["console", "flow_call", "redacted", "render_saga", "render_sagas", "saga_json",
            "to_json", "waiting_step"]

@@ -32,8 +32,10 @@ from sagaworker import (
     configure_logging,
     redact_call,
 )
+from sagaworker._observe import celery_logs, process
 from sagaworker._observe import redact as _redact
-from sagaworker._observe.redact import RedactedRequest, error_text, secret_values
+from sagaworker._observe.celery_logs import RedactedRequest
+from sagaworker._observe.redact import error_text, secret_values
 from sagaworker._worker.execution import ENVELOPE
 from sagaworker.cli.render import console, render_saga, render_sagas, to_json
 
@@ -242,7 +244,7 @@ def test_celery_inspect_shows_only_the_redacted_repr(red_sw: Sagaworker) -> None
     from kombu.message import Message
 
     charge = charge_of(red_sw)
-    assert charge.Request == "sagaworker._observe.redact:RedactedRequest"
+    assert charge.Request == "sagaworker._observe.celery_logs:RedactedRequest"
     argsrepr, kwargsrepr = _redact.call_reprs(SIG, [SECRET, 5], {ENVELOPE: {}}, ["card"])
     tm = red_sw.app.amqp.as_task_v2("id-1", charge.name, args=[SECRET, 5],
                                     kwargs={ENVELOPE: {}}, argsrepr=argsrepr,
@@ -264,8 +266,8 @@ class Msg:
 
 @pytest.fixture
 def keys() -> Iterator[None]:
-    _redact.register(["card"])
-    _redact.install_celery_filters()
+    process.register(["card"])
+    celery_logs.install_celery_filters()
     yield
 
 
@@ -307,7 +309,7 @@ def test_running_task_values_are_scrubbed_from_any_line_and_traceback(
         keys: None, caplog: pytest.LogCaptureFixture) -> None:
     """While a tool runs, its secret values leave no trace in Celery's failure line,
     its traceback, or any other line of the process."""
-    _redact.hold("task-1", secret_values(SIG, [SECRET, 1], {}, ["card"]))
+    process.hold("task-1", secret_values(SIG, [SECRET, 1], {}, ["card"]))
     log = logging.getLogger("celery.app.trace")
     try:
         with caplog.at_level(logging.INFO):
@@ -320,7 +322,7 @@ def test_running_task_values_are_scrubbed_from_any_line_and_traceback(
                           exc_info=True)
             logging.getLogger("celery.redirected").warning("print %s", SECRET)
     finally:
-        _redact.release("task-1")
+        process.release("task-1")
     assert "raised: Declined" in caplog.text and SECRET not in caplog.text
     assert all(SECRET not in repr(r.args) for r in caplog.records)
 
@@ -329,7 +331,7 @@ def test_configure_logging_scrubs_tracebacks_and_structured_fields(keys: None) -
     """The worker's JSON lines: keys redacted, running values scrubbed (tracebacks too)."""
     buf = io.StringIO()
     configure_logging(fmt="json", level="INFO", redact_keys=["card"], stream=buf)
-    _redact.hold("task-2", [SECRET])
+    process.hold("task-2", [SECRET])
     try:
         try:
             raise Declined(f"card {SECRET} declined")
@@ -337,14 +339,14 @@ def test_configure_logging_scrubs_tracebacks_and_structured_fields(keys: None) -
             logging.getLogger("celery.app.trace").exception("boom")
         structlog.get_logger("sagaworker").warning("step_failed", error=f"x {SECRET}",
                                                    card=SECRET)
-        _redact.release("task-2")
+        process.release("task-2")
         try:  # no task holds it now: the unknown body's own values are scrubbed
             raise ValueError(f"cannot handle {SECRET!r}")
         except ValueError as exc:
             logging.getLogger("celery.worker.consumer.consumer").error(
                 INVALID_TASK_ERROR, exc, dump_body(Msg, None), exc_info=True)
     finally:
-        _redact.release("task-2")
+        process.release("task-2")
         logging.getLogger().handlers.clear()
     out = buf.getvalue()
     lines = [json.loads(x) for x in out.splitlines()]

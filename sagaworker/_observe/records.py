@@ -1,0 +1,135 @@
+"""Journal records as people see them (the CLI, the JSON API, the dashboard): arguments
+redacted by name, their values scrubbed out of free text. The journal keeps the real
+values."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._base.types import ApprovalRequest, EntryRecord, SagaRecord, SagaResult
+from .process import (
+    redact_keys,
+    signature_of,
+)
+from .redact import (
+    Signature,
+    _scrub_strings,
+    redact_call,
+    redact_value,
+    scrub_text,
+    secret_values,
+)
+
+__all__ = ["Redaction"]
+
+# -- records for people: the CLI, the JSON API, the dashboard ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Redaction:
+    """Redacts journal records for display. The journal itself keeps the real values."""
+
+    keys: frozenset[str]
+    lookup: Callable[[str], Signature | None] = signature_of
+    #: a flow's signature without its FlowContext (None: its positional arguments are all
+    #: redacted, the safe side)
+    flow_lookup: Callable[[str], Signature | None] = lambda name: None
+
+    @classmethod
+    def of(cls, sw: Any) -> Redaction:
+        """The redaction of one ``Sagaworker``: its keys, its tools' and flows' signatures."""
+        registry = sw.registry
+
+        def lookup(name: str) -> Signature | None:
+            spec = registry.tool(name)
+            return spec.signature if spec is not None else signature_of(name)
+
+        def flow_lookup(name: str) -> Signature | None:
+            spec = getattr(sw, "flows", None) and sw.flows.specs.get(name)
+            if not spec:
+                return None
+            try:
+                sig = inspect.signature(spec.fn)
+            except (TypeError, ValueError):
+                return None
+            return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup)
+
+    @classmethod
+    def current(cls) -> Redaction:
+        """What this process was configured with (every ``Sagaworker`` it built)."""
+        return cls(redact_keys())
+
+    def values(self, e: EntryRecord | ApprovalRequest) -> list[str]:
+        return secret_values(self.lookup(e.tool_name), e.args or [], e.kwargs or {},
+                             self.keys)
+
+    def entry(self, e: EntryRecord, values: list[str] | None = None) -> EntryRecord:
+        if not self.keys:
+            return e
+        vals = self.values(e) if values is None else values
+        args, kwargs = redact_call(self.lookup(e.tool_name), e.args or [], e.kwargs or {},
+                                   self.keys)
+        return dataclasses.replace(
+            e, args=args, kwargs=kwargs,
+            result=_scrub_strings(redact_value(e.result, self.keys), vals),
+            error=_text(e.error, vals), compensation_detail=_text(e.compensation_detail, vals),
+            rejection_reason=_text(e.rejection_reason, vals))
+
+    def record(self, rec: SagaRecord) -> SagaRecord:
+        if not self.keys:
+            return rec
+        flow_args, flow_kwargs = rec.flow_args, rec.flow_kwargs
+        flow_vals: list[str] = []
+        if rec.flow is not None and (flow_args or flow_kwargs):
+            sig = self.flow_lookup(rec.flow)
+            flow_vals = secret_values(sig, flow_args or [], flow_kwargs or {}, self.keys)
+            new_args, new_kwargs = redact_call(sig, flow_args or [], flow_kwargs or {},
+                                               self.keys)
+            flow_args = new_args if flow_args is not None else None
+            flow_kwargs = new_kwargs if flow_kwargs is not None else None
+        vals = _merge([flow_vals, *(self.values(e) for e in rec.entries)])
+        report = dataclasses.replace(
+            rec.report,
+            outcomes=[dataclasses.replace(o, detail=_text(o.detail, vals))
+                      for o in rec.report.outcomes],
+            in_doubt=[self.entry(e, vals) for e in rec.report.in_doubt])
+        return dataclasses.replace(rec, reason=_text(rec.reason, vals),
+                                   flow_args=flow_args, flow_kwargs=flow_kwargs,
+                                   metadata=redact_value(rec.metadata, self.keys),
+                                   entries=[self.entry(e, vals) for e in rec.entries],
+                                   report=report)
+
+    def approval(self, a: ApprovalRequest) -> ApprovalRequest:
+        if not self.keys:
+            return a
+        args, kwargs = redact_call(self.lookup(a.tool_name), a.args, a.kwargs, self.keys)
+        return dataclasses.replace(a, args=args, kwargs=kwargs)
+
+    def any(self, o: Any) -> Any:
+        """Records (or lists of them) redacted; anything else as it is."""
+        if isinstance(o, list | tuple):
+            return [self.any(x) for x in o]
+        if isinstance(o, SagaRecord):
+            return self.record(o)
+        if isinstance(o, EntryRecord):
+            return self.entry(o)
+        if isinstance(o, ApprovalRequest):
+            return self.approval(o)
+        if isinstance(o, SagaResult) and self.keys:
+            return dataclasses.replace(o, value=redact_value(o.value, self.keys))
+        return o
+
+
+def _text(s: str | None, values: list[str]) -> str | None:
+    return s if s is None else scrub_text(s, values)
+
+
+def _merge(groups: Iterable[list[str]]) -> list[str]:
+    return sorted({v for g in groups for v in g}, key=len, reverse=True)
+
+
