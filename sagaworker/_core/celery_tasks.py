@@ -1,0 +1,107 @@
+"""sagaworker's own Celery tasks, one small function each (as Celery's builtins are):
+the failure handler, the compensation chain, a flow's advance, the sweeper, the orphan
+report and retention. They run on the ``sagaworker`` queue with late acks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import structlog
+from celery import Celery
+
+from .._base.settings import Settings
+from .._journal.retention import prune
+from .._journal.runtime import Runtime
+from .._recovery.compensation import Compensator
+from .._recovery.sweeper import Sweeper
+from .._worker.flows import Flows
+
+__all__ = ["register_tasks"]
+
+
+class Parts(Protocol):
+    """What the internal tasks call."""
+
+    rt: Runtime
+    compensator: Compensator
+    flows: Flows
+    sweeper: Sweeper
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+def _options(parts: Parts) -> dict[str, Any]:
+    # shared=False: Celery would otherwise hand these tasks, bound to this Sagaworker, to
+    # every other app finalized in the process
+    return {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
+            "queue": parts.settings.queue, "shared": False}
+
+
+def _context(task: Any) -> AbstractContextManager[Any]:
+    return structlog.contextvars.bound_contextvars(task_id=task.request.id,
+                                                   worker=task.request.hostname)
+
+
+def add_saga_failed(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.saga_failed", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
+    def saga_failed(self: Any, saga_id: str, reason: str | None = None) -> None:
+        with _context(self):
+            parts.compensator.handle_failure(saga_id, reason)
+
+    return saga_failed
+
+
+def add_compensate(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.compensate", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
+    def compensate(self: Any, saga_id: str) -> None:
+        with _context(self):
+            parts.compensator.run_chain(saga_id)
+
+    return compensate
+
+
+def add_advance(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.advance", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
+    def advance(self: Any, saga_id: str) -> None:
+        with _context(self):
+            parts.flows.advance(saga_id)
+
+    return advance
+
+
+def add_sweep(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.sweep", **_options(parts))  # type: ignore[untyped-decorator]
+    def sweep() -> None:
+        parts.sweeper.sweep()
+
+    return sweep
+
+
+def add_orphans(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.orphans", **_options(parts))  # type: ignore[untyped-decorator]
+    def orphans() -> None:
+        parts.sweeper.log_orphans()
+
+    return orphans
+
+
+def add_prune(app: Celery, parts: Parts) -> Any:
+    @app.task(name="sagaworker.prune", **_options(parts))  # type: ignore[untyped-decorator]
+    def prune_journal() -> int:
+        days = parts.settings.retention_days
+        return 0 if not days else prune(parts.rt.journal, days * 86400.0)
+
+    return prune_journal
+
+
+BUILTINS: dict[str, Callable[[Celery, Parts], Any]] = {
+    "saga_failed": add_saga_failed, "compensate": add_compensate, "advance": add_advance,
+    "sweep": add_sweep, "orphans": add_orphans, "prune": add_prune}
+
+
+def register_tasks(app: Celery, parts: Parts) -> dict[str, Any]:
+    """Every internal task on ``app``, by its short name."""
+    return {name: add(app, parts) for name, add in BUILTINS.items()}
