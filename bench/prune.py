@@ -23,6 +23,7 @@ import psycopg
 from sagaworker._journal.dialect import make_engine
 from sagaworker._journal.migrate import upgrade
 from sagaworker._journal.repository import Journal, now
+from sagaworker._journal.retention import prune_batch
 
 ADMIN = "host=127.0.0.1 port=5432 user=root dbname=postgres"
 STEPS = 10
@@ -94,7 +95,7 @@ def main() -> None:
         t = time.perf_counter()
         while True:
             b = time.perf_counter()
-            got = journal.prune_batch(cutoff, include_dirty=False, batch=args.batch)
+            got = prune_batch(journal, cutoff, include_dirty=False, batch=args.batch)
             batches.append(time.perf_counter() - b)
             sagas += got.sagas
             rows += got.rows

@@ -177,7 +177,7 @@ class WorkerStartup:
 
     def _on_process_init(self, **_: Any) -> None:
         self.sw.dispose_engine()
-        self.sw.executor.raised.clear()
+        self.sw.executor.failures.clear()
 
     def _on_ready(self, sender: Any = None, **_: Any) -> None:
         if not self._mine(sender):

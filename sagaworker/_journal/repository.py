@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
-    delete,
-    exists,
     insert,
     select,
     update,
@@ -32,25 +29,21 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
 from .._base.types import (
     OPEN,
-    CompensationReport,
-    EntryRecord,
-    Outcome,
-    OutcomeResult,
     Phase,
     SagaRecord,
     SagaStatus,
 )
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
-from .dialect import aware, is_busy, listens, read_only
+from .dialect import is_busy, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
+from .rows import idempotency_key, to_saga_record
 from .schema import audit, entries, metadata, sagas
 
 __all__ = ["Journal", "NewEntry", "PruneBatch", "idempotency_key", "now"]
 
 _log = get_logger()
-_NS = uuid.UUID("5a6a0000-0000-4000-8000-5a6a776f726b")
 
 
 _T = TypeVar("_T")
@@ -90,9 +83,6 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def idempotency_key(saga_id: str, seq: int, purpose: str) -> str:
-    """Stable for one entry and purpose ("execute" or "compensate"), forever."""
-    return str(uuid.uuid5(_NS, f"{saga_id}\x00{seq}\x00{purpose}"))
 
 
 @dataclass(frozen=True)
@@ -381,51 +371,6 @@ class Journal:
             return list(conn.execute(query).all())
 
 
-    # -- retention -----------------------------------------------------------------
-
-    def prune_batch(self, cutoff: datetime, *, include_dirty: bool, batch: int) -> PruneBatch:
-        """Delete up to ``batch`` terminal sagas last changed before ``cutoff``, with their
-        entries and audit rows, in one short transaction.
-
-        Kept unless ``include_dirty``: COMPENSATION_FAILED sagas and sagas with an in-doubt
-        entry. The saga rows are locked first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so
-        a saga someone is writing is left for the next run; SQLite's one writer serializes
-        anyway).
-        """
-        done = [SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value]
-        if include_dirty:
-            done.append(SagaStatus.COMPENSATION_FAILED.value)
-        clean = [] if include_dirty else [~exists().where(
-            entries.c.saga_id == sagas.c.saga_id, entries.c.in_doubt.is_(True))]
-
-        def body(conn: Connection) -> PruneBatch:
-            # one status at a time, oldest first: each query is a range of the index
-            # (status, finished_at) read in its order and stopped at the batch's size (with
-            # "status IN (...)" or an OR, PostgreSQL read and sorted every terminal saga
-            # for each batch). finished_at is set by every move to a terminal status; a
-            # terminal saga without one predates it (migration 0004 fills those in)
-            ids: list[str] = []
-            for status in done:
-                for finished in (sagas.c.finished_at < cutoff, sagas.c.finished_at.is_(None)):
-                    if len(ids) < batch:
-                        ids += conn.execute(
-                            select(sagas.c.saga_id)
-                            .where(sagas.c.status == status, finished,
-                                   sagas.c.updated_at < cutoff, *clean)
-                            .order_by(sagas.c.finished_at).limit(batch - len(ids))
-                            .with_for_update(skip_locked=True)).scalars()
-            if not ids:
-                return PruneBatch(0, 0)
-            # the saga rows are locked (every transition locks its saga row first), so
-            # none of them changes before this commits
-            n_audit = conn.execute(delete(audit).where(audit.c.saga_id.in_(ids))).rowcount
-            n_entries = conn.execute(delete(entries).where(entries.c.saga_id.in_(ids))).rowcount
-            n_sagas = conn.execute(delete(sagas).where(sagas.c.saga_id.in_(ids))).rowcount
-            return PruneBatch(n_sagas, n_sagas + n_entries + n_audit, more=len(ids) == batch)
-
-        return self.write(body)
-
-
 def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
     return {
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
@@ -436,43 +381,3 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str,
         "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "approval_requested_at": t if e.gated else None,
     }
-
-
-def _entry(row: Any) -> EntryRecord:
-    return EntryRecord(
-        saga_id=row.saga_id, seq=row.seq, tool_name=row.tool_name, phase=Phase(row.phase),
-        args=list(row.args or []), kwargs=dict(row.kwargs or {}), result=row.result,
-        error=row.error, task_id=row.task_id, attempts=row.attempts,
-        executed_at=aware(row.executed_at),
-        compensation=OutcomeResult(row.compensation) if row.compensation else None,
-        compensation_detail=row.compensation_detail,
-        compensation_attempts=row.compensation_attempts, in_doubt=bool(row.in_doubt),
-        queue=row.queue, idempotency_key=idempotency_key(row.saga_id, row.seq, "compensate"),
-        approved_by=row.approved_by, approved_at=aware(row.approved_at),
-        rejected_by=row.rejected_by, rejected_at=aware(row.rejected_at),
-        rejection_reason=row.rejection_reason, compensated_at=aware(row.compensated_at),
-        exec_order=row.exec_order,
-    )
-
-
-def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
-    recs = [_entry(r) for r in rows]
-    return SagaRecord(
-        saga_id=saga.saga_id, status=SagaStatus(saga.status), reason=saga.reason,
-        metadata=dict(saga.metadata or {}), created_at=aware(saga.created_at),  # type: ignore[arg-type]
-        updated_at=aware(saga.updated_at), entries=recs,  # type: ignore[arg-type]
-        report=report_of(rows, recs), flow=saga.flow, deadline_at=aware(saga.deadline_at),
-        flow_args=None if saga.flow is None else list(saga.flow_args or []),
-        flow_kwargs=None if saga.flow is None else dict(saga.flow_kwargs or {}),
-    )
-
-
-def report_of(rows: Sequence[Any], recs: Sequence[EntryRecord]) -> CompensationReport:
-    done = sorted(((r.comp_order or 0, rec) for r, rec in zip(rows, recs, strict=True)
-                   if rec.compensation is not None), key=lambda p: p[0])
-    return CompensationReport(
-        outcomes=[Outcome(seq=rec.seq, tool_name=rec.tool_name, result=rec.compensation,
-                          detail=rec.compensation_detail, attempts=rec.compensation_attempts)
-                  for _, rec in done if rec.compensation is not None],
-        in_doubt=[rec for rec in recs if rec.in_doubt],
-    )

@@ -98,13 +98,9 @@ class UndoMoves(MoveBase):
                          entries.c.comp_lease_until.is_not(None))))).all()
         # 1. No undo while a forward step of the saga runs: a late arrival is undone
         #    first, once it has an outcome (its EXECUTED re-sends the chain).
-        for p in held:
-            if p.phase != _INTENT:
-                continue
-            if p.alive:
-                return UndoState(UndoClaim.WAITING, row=p, in_doubt=tuple(doubted))
-            self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
-            doubted.append(p)
+        running = self._forward_holds(conn, saga_id, held, doubted)
+        if running is not None:
+            return UndoState(UndoClaim.WAITING, row=running, in_doubt=tuple(doubted))
         died: list[tuple[Any, str]] = []
         tries = 1 + self.settings.compensation_retries
         live = [r for r in held if r.phase == _EXECUTED]
@@ -121,19 +117,7 @@ class UndoMoves(MoveBase):
                                  died=tuple(died))
             # 3. Latest EXECUTED first: claimed in one statement, unless its last try's
             #    worker died with the tries used up (read below).
-            latest = (select(entries.c.seq).where(
-                entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
-                entries.c.compensation.is_(None))
-                .order_by(entries.c.exec_order.desc()).limit(1).scalar_subquery())
-            claimed = conn.execute(
-                update(entries)
-                .where(entries.c.saga_id == saga_id, entries.c.seq == latest,
-                       or_(entries.c.comp_lease_until.is_(None),
-                           entries.c.compensation_attempts < tries))
-                .values(compensation_attempts=entries.c.compensation_attempts + 1,
-                        comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
-                        undo_token=token, updated_at=now())
-                .returning(*entries.c)).first()
+            claimed = self._claim_latest(conn, saga_id, token, tries)
             if claimed is not None:
                 if not touched:
                     self.j.touch(conn, saga_id, chain_touched_at=now())
@@ -147,16 +131,50 @@ class UndoMoves(MoveBase):
                 .order_by(entries.c.exec_order.desc()).limit(1)).first()
             if row is None:
                 return self._finish(conn, saga, token, tuple(doubted), tuple(died))
-            # Its last try's worker died (OOM, segfault, os._exit, a hard time limit):
-            # that try counts, and the tries are used up.
-            detail = (f"the undo's worker died during try {row.compensation_attempts} "
-                      f"of {tries} (killed, out of memory, os._exit or a hard time "
-                      "limit); the effect is still live")
-            self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
-            self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
-                         detail, None, token)
-            died.append((row, detail))
+            died.append((row, self._died_every_try(conn, saga_id, row, token, tries)))
             live = self._live_undos(conn, saga_id)
+
+    def _claim_latest(self, conn: Any, saga_id: str, token: str, tries: int) -> Any:
+        """The latest-EXECUTED entry without an outcome, claimed in one statement (unless
+        its last try's worker died with the tries used up): its row, or None."""
+        latest = (select(entries.c.seq).where(
+            entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
+            entries.c.compensation.is_(None))
+            .order_by(entries.c.exec_order.desc()).limit(1).scalar_subquery())
+        return conn.execute(
+            update(entries)
+            .where(entries.c.saga_id == saga_id, entries.c.seq == latest,
+                   or_(entries.c.comp_lease_until.is_(None),
+                       entries.c.compensation_attempts < tries))
+            .values(compensation_attempts=entries.c.compensation_attempts + 1,
+                    comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
+                    undo_token=token, updated_at=now())
+            .returning(*entries.c)).first()
+
+    def _forward_holds(self, conn: Any, saga_id: str, held: list[Any],
+                       doubted: list[Any]) -> Any:
+        """The forward attempt still running, if any; the dead ones found in doubt (and
+        added to ``doubted``) on the way."""
+        for p in held:
+            if p.phase != _INTENT:
+                continue
+            if p.alive:
+                return p
+            self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
+            doubted.append(p)
+        return None
+
+    def _died_every_try(self, conn: Any, saga_id: str, row: Any, token: str,
+                        tries: int) -> str:
+        """Its last try's worker died (OOM, segfault, os._exit, a hard time limit): that
+        try counts, and the tries are used up. The detail journaled."""
+        detail = (f"the undo's worker died during try {row.compensation_attempts} "
+                  f"of {tries} (killed, out of memory, os._exit or a hard time "
+                  "limit); the effect is still live")
+        self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
+        self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
+                     detail, None, token)
+        return detail
 
     @staticmethod
     def _live_undos(conn: Any, saga_id: str) -> list[Any]:

@@ -15,7 +15,7 @@ import structlog
 
 from .._base.types import CompensationContext, OutcomeResult, SagaStatus
 from .._journal.machine import Held, UndoClaim, UndoState, new_token
-from .._journal.repository import idempotency_key
+from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._worker.execution import Heartbeat

@@ -17,7 +17,8 @@ from sqlalchemy import Table, and_, func, or_, select, update
 
 from .._base.types import OPEN, EntryRecord, Phase, SagaStatus
 from .._journal.dialect import aware, db_later, db_now
-from .._journal.repository import _entry, now
+from .._journal.repository import now
+from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe.logging import get_logger
@@ -38,7 +39,7 @@ class Sweeper:
         self.flows = flows
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
-        return [_entry(r) for r in self.rt.journal.orphans(older_than)]
+        return [entry_record(r) for r in self.rt.journal.orphans(older_than)]
 
     def log_orphans(self) -> int:
         rows = self.rt.journal.orphans(self.rt.settings.orphan_after)

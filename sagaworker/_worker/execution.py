@@ -19,8 +19,8 @@ from .._base.errors import BadInput
 from .._base.registry import ToolSpec
 from .._base.types import OPEN, SagaStatus
 from .._broker.messages import ENVELOPE
-from .._journal.machine import Held, Start, new_token, worker_label
-from .._journal.repository import idempotency_key
+from .._journal.machine import Claim, Held, Start, new_token, worker_label
+from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.redact import error_text, scrub_text, secret_values
@@ -59,31 +59,71 @@ class ToolTask(Task):  # type: ignore[misc]
             delay = (eta - datetime.now(UTC)).total_seconds()
         else:
             delay = float(self.default_retry_delay or 0)
-        self.sagaworker_executor.retry_due(self, delay)
+        self.sagaworker_executor.failures.retrying(self.request.id, delay,
+                                                   int(self.request.retries or 0) + 1)
         return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                               countdown=countdown, max_retries=max_retries, **options)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
         # Only an exception the tool itself raised, after Celery gave up retrying, makes
-        # the entry FAILED; infrastructure errors and a lost worker are not outcomes. The
-        # failure is fenced by the token of the attempt that raised.
-        raised = self.sagaworker_executor.raised.pop(task_id, None)
-        if raised is None:
+        # the entry FAILED (``Failures``)
+        self.sagaworker_executor.failures.gave_up(task_id, self.sagaworker_spec, exc,
+                                                  args, kwargs)
+
+
+class Failures:
+    """The failure path of an attempt, in one place. A tool raises: its lease is released
+    (not in doubt) and the attempt is noted by task id (``raised``). Celery then either
+    retries, and the retry's due time is journaled so the sweeper resends a retry message
+    that gets lost (``retrying``); or gives up, and the entry is FAILED, fenced by the
+    token of the attempt that raised, which fails the saga (``gave_up``). Infrastructure
+    errors and a lost worker are not outcomes: nothing is noted for them."""
+
+    def __init__(self, rt: Runtime, fail_step: Callable[..., None]) -> None:
+        self.rt = rt
+        self.fail_step = fail_step
+        #: task id -> (saga id, seq, token) of the attempt that raised, in this process
+        self.noted: dict[str, tuple[str, int, str]] = {}
+
+    def raised(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
+               exc: Exception, args: Any, kwargs: Any) -> None:
+        keys = self.rt.settings.redact_keys
+        _scrub_exception(exc, spec, args, kwargs, keys)
+        status = self.rt.machine.release(saga_id, seq, token, error_text(
+            exc, spec.signature, args, kwargs, keys))
+        self.noted[task_id] = (saga_id, seq, token)
+        if status is SagaStatus.COMPENSATING:
+            self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+
+    def retrying(self, task_id: str, delay: float, retries: int) -> None:
+        noted = self.noted.get(task_id)
+        if noted is not None:
+            saga_id, seq, token = noted
+            self.rt.machine.retry_due(saga_id, seq, token, delay, retries)
+
+    def gave_up(self, task_id: str, spec: ToolSpec, exc: BaseException, args: Any,
+                kwargs: Any) -> None:
+        noted = self.noted.pop(task_id, None)
+        if noted is None:
             return
-        saga_id, seq, token = raised
-        spec, rt = self.sagaworker_spec, self.sagaworker_executor.rt
-        self.sagaworker_executor.fail_step(
-            saga_id, seq, spec.name, token,
-            error_text(exc, spec.signature, args or (), kwargs or {},
-                       rt.settings.redact_keys), task_id=task_id)
+        saga_id, seq, token = noted
+        self.fail_step(saga_id, seq, spec.name, token,
+                       error_text(exc, spec.signature, args or (), kwargs or {},
+                                  self.rt.settings.redact_keys), task_id=task_id)
+
+    def forget(self, task_id: str) -> None:
+        self.noted.pop(task_id, None)
+
+    def clear(self) -> None:
+        """After a fork: nothing the parent noted is this process's."""
+        self.noted.clear()
 
 
 class Executor:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        #: task id -> (saga id, seq, token) of the attempt that raised, for on_failure/retry
-        self.raised: dict[str, tuple[str, int, str]] = {}
+        self.failures = Failures(rt, self.fail_step)
         self.heartbeat = Heartbeat(rt)
         #: called with a flow saga's id once one of its steps is EXECUTED
         self.advance: Callable[[str], None] | None = None
@@ -106,11 +146,28 @@ class Executor:
 
     def _run(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        rt = self.rt
+        """One delivery: claim the step, run the tool, journal its outcome."""
         token = new_token()
-        claim = rt.machine.claim_start(saga_id, seq, spec.name, token=token,
-                                       worker=worker_label(), idempotent=spec.idempotent,
-                                       task_id=task.request.id)
+        claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
+                                            worker=worker_label(),
+                                            idempotent=spec.idempotent,
+                                            task_id=task.request.id)
+        if not self._runs(claim, spec, saga_id, seq):
+            return None
+        if claim.rerun:
+            log.warning("step_rerun", attempts=claim.attempt,
+                        detail="idempotent tool: its earlier attempt died with no outcome")
+        problem = self._verify(spec, claim.row, args, kwargs)
+        if problem is not None:
+            self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task.request.id)
+            return None
+        value, duration_ms = self._attempt(task, spec, saga_id, seq, token, args, kwargs)
+        self._journal_outcome(task, spec, saga_id, seq, token, claim.attempt, value,
+                              duration_ms)
+        return None
+
+    def _runs(self, claim: Claim, spec: ToolSpec, saga_id: str, seq: int) -> bool:
+        """True when this delivery runs the tool; otherwise says (and does) why not."""
         if claim.start in (Start.UNKNOWN, Start.MISMATCH):
             msg = (f"no journal entry for saga {saga_id!r} step {seq}; tool messages must be "
                    "sent by saga.enqueue(), which journals them first"
@@ -123,20 +180,18 @@ class Executor:
         if claim.start is Start.IN_DOUBT:
             log.error("step_in_doubt", attempts=claim.row.attempts)
             self._after_outcome(saga_id, claim.saga_status, f"step {seq} ({spec.name}) in doubt")
-            return None
+            return False
         if claim.start is not Start.RUN:
             log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
             if claim.start is Start.CANCELLED and claim.saga_status is SagaStatus.COMPENSATING:
-                rt.bus.send_compensate(saga_id)  # the chain may wait on this entry
-            return None
-        row = claim.row
-        if claim.rerun:
-            log.warning("step_rerun", attempts=claim.attempt,
-                        detail="idempotent tool: its earlier attempt died with no outcome")
-        problem = self._verify(spec, row, args, kwargs)
-        if problem is not None:
-            self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task.request.id)
-            return None
+                self.rt.bus.send_compensate(saga_id)  # the chain may wait on this entry
+            return False
+        return True
+
+    def _attempt(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int, token: str,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, float]:
+        """Run the tool under its lease (kept fresh by the heartbeat): its value and
+        duration. An exception goes through ``failures`` and on to Celery."""
         key = _current_key.set(idempotency_key(saga_id, seq, "execute"))
         held: Held = (saga_id, seq, False, token)
         self.heartbeat.hold(held)
@@ -144,20 +199,18 @@ class Executor:
         try:
             value = spec.fn(*args, **kwargs)
         except Exception as exc:
-            # The attempt ended (it raised): not in doubt. Celery now retries it or gives
-            # up and calls on_failure, which journals FAILED (fenced by this token).
             self.heartbeat.drop(held)
-            _scrub_exception(exc, spec, args, kwargs, rt.settings.redact_keys)
-            status = rt.machine.release(saga_id, seq, token, error_text(
-                exc, spec.signature, args, kwargs, rt.settings.redact_keys))
-            self.raised[task.request.id] = (saga_id, seq, token)
-            if status is SagaStatus.COMPENSATING:
-                rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+            self.failures.raised(task.request.id, spec, saga_id, seq, token, exc, args,
+                                 kwargs)
             raise
         finally:
             _current_key.reset(key)
             self.heartbeat.drop(held)
-        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        return value, round((time.perf_counter() - started) * 1000, 3)
+
+    def _journal_outcome(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
+                         token: str, attempt: int, value: Any, duration_ms: float) -> None:
+        rt = self.rt
         # The effect happened: a result that cannot be journaled still makes the step
         # EXECUTED (so its undo runs), with the error saying why its result is missing.
         bad = not_json(value)
@@ -167,21 +220,19 @@ class Executor:
         if not outcome.applied:
             # Another attempt took the entry over (this one's lease lapsed): its outcome is
             # the journal's, and this effect is reported, never journaled over it.
-            log.error("step_outcome_fenced", attempt=claim.attempt, duration_ms=duration_ms,
+            log.error("step_outcome_fenced", attempt=attempt, duration_ms=duration_ms,
                       detail="this attempt's lease lapsed and the entry moved on; its "
                              "effect happened and is not journaled")
-            return None
+            return
+        # an earlier attempt's note (a retry that then succeeded) is of no use now; a note
+        # is fenced by its token anyway, so a stale one can never fail a newer attempt
+        self.failures.forget(task.request.id)
         if error is not None:
             log.warning("step_failed", error=error, executed=True)
-            self.raised.pop(task.request.id, None)
             reason = f"step {seq} ({spec.name}) failed: {error}"
-            status = rt.machine.request_failure(saga_id, reason)
-            self._after_outcome(saga_id, status, reason)
-            return None
-        log.info("step_executed", duration_ms=duration_ms, attempt=claim.attempt)
-        # an earlier attempt's flag (a retry that then succeeded) is of no use now; a flag is
-        # fenced by its token anyway, so a stale one can never fail a newer attempt
-        self.raised.pop(task.request.id, None)
+            self._after_outcome(saga_id, rt.machine.request_failure(saga_id, reason), reason)
+            return
+        log.info("step_executed", duration_ms=duration_ms, attempt=attempt)
         if outcome.status is SagaStatus.COMPENSATING:
             rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
         elif outcome.flow is not None and self.advance is not None:
@@ -191,14 +242,6 @@ class Executor:
                 self.advance(saga_id)
             except Exception as exc:
                 log.error("flow_advance_failed", error=f"{type(exc).__name__}: {exc}")
-        return None
-
-    def retry_due(self, task: ToolTask, delay: float) -> None:
-        raised = self.raised.get(task.request.id)
-        if raised is not None:
-            saga_id, seq, token = raised
-            self.rt.machine.retry_due(saga_id, seq, token, delay,
-                                      int(task.request.retries or 0) + 1)
 
     def _verify(self, spec: ToolSpec, row: Any, args: Any, kwargs: Any) -> str | None:
         try:

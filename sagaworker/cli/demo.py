@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .._observe.records import Redaction
 from .render import console, render_saga
@@ -46,6 +47,16 @@ def _example_here() -> bool:
     return (Path.cwd() / EXAMPLE / "orders.py").is_file()
 
 
+def _approver(sw: Any, stop: threading.Event) -> None:
+    """Plays the human on the approval gate."""
+    while not stop.is_set():
+        for req in sw.pending_approvals():
+            console.print(f"  approval gate: {req.tool_name.rsplit('.', 1)[-1]}"
+                          f"{tuple(req.args)} -> approved by demo-operator", markup=False)
+            sw.approve(req.token, approver="demo-operator")
+        stop.wait(0.1)
+
+
 def run_demo(*, keep: bool = False) -> int:
     if not _example_here():
         console.print("error: sagaworker demo runs the example application of the "
@@ -75,16 +86,7 @@ def run_demo(*, keep: bool = False) -> int:
     proc = start_worker(EXAMPLE, env, folder / "worker.log")
     try:
         stop = threading.Event()
-
-        def approver() -> None:  # plays the human on the approval gate
-            while not stop.is_set():
-                for req in sw.pending_approvals():
-                    console.print(f"  approval gate: {req.tool_name.rsplit('.', 1)[-1]}"
-                                  f"{tuple(req.args)} -> approved by demo-operator")
-                    sw.approve(req.token, approver="demo-operator")
-                stop.wait(0.1)
-
-        threading.Thread(target=approver, daemon=True).start()
+        threading.Thread(target=_approver, args=(sw, stop), daemon=True).start()
         console.rule("1. an order that completes (a flow: sw.start returns, the worker "
                      "carries it)")
         ok = sw.start("order-1001", place_order, "1001", "sku-42", 2, "card-4242", 3_000,

@@ -131,19 +131,27 @@ def test_no_import_circles() -> None:
         visit(mod)
 
 
-#: modules still over the limit, each with the most lines it may have until it is split;
-#: the list may only shrink (docs/design.md, "what is left")
-OVER_LIMIT = {"_journal/repository.py": 480}
-
-
-@pytest.mark.parametrize("limit", [400])
-def test_no_module_is_a_warehouse(limit: int) -> None:
-    """Small rooms: no module of the library over ~400 lines, but the ones listed (which
-    may not grow)."""
-    big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > limit and "migrations" not in p.parts}
-    assert set(big) <= set(OVER_LIMIT), f"split these: {set(big) - set(OVER_LIMIT)}"
-    assert {k: n for k, n in big.items() if n > OVER_LIMIT[k]} == {}
+@pytest.mark.parametrize(("limit", "what"), [(400, "module"), (270, "class"),
+                                           (60, "function")])
+def test_small_rooms(limit: int, what: str) -> None:
+    """No module of the library over ~400 lines, no class over ~250, no function over
+    ~60 (docs/design.md)."""
+    big = []
+    for p in PKG.rglob("*.py"):
+        if "migrations" in p.parts:
+            continue
+        text = p.read_text()
+        if what == "module":
+            n = len(text.splitlines())
+            big += [f"{p.relative_to(PKG)}: {n}"] if n > limit else []
+            continue
+        kind = ast.ClassDef if what == "class" else (ast.FunctionDef, ast.AsyncFunctionDef)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, kind):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > limit:
+                    big.append(f"{p.relative_to(PKG)}:{node.name}: {n}")
+    assert big == []
 
 
 def test_the_lifecycle_lives_in_one_table() -> None:
