@@ -69,7 +69,34 @@ def not_json(value: Any) -> str | None:
     except ValueError:  # NaN or an infinity: JSON has no such number
         return "float (NaN or infinity)"
     except RecursionError:
-        return "a structure nested too deeply"
+        return "structure nested too deeply"
+    except TypeError:  # keys that cannot be sorted (1 and "b"), a tuple as a key
+        return "dict whose keys are not all str"
+    try:
+        return _tag_problem(value)
+    except RecursionError:
+        return "structure nested too deeply"
+
+
+def _tag_problem(value: Any) -> str | None:
+    """A dict shaped like kombu's type tag that kombu cannot decode: it would journal, but
+    no read of it would work (kombu raises on an unknown ``__type__``)."""
+    t = type(value)
+    if t is dict:
+        if len(value) == 2 and "__type__" in value and "__value__" in value:
+            try:
+                _kombu_hook(dict(value))
+            except Exception:
+                return "dict shaped like kombu's type tag ({'__type__', '__value__'})"
+        values: Any = value.values()
+    elif t is list or t is tuple:
+        values = value
+    else:
+        return None
+    for v in values:
+        bad = _tag_problem(v)
+        if bad is not None:
+            return bad
     return None
 
 

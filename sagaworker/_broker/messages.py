@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .._base.registry import Registry
 from .._base.settings import Settings
@@ -31,6 +32,22 @@ class CeleryBus:
     def __init__(self, app: Celery, registry: Registry,
                  settings: Callable[[], Settings]) -> None:
         self.app, self.registry, self.settings = app, registry, settings
+        self._errors: tuple[type[BaseException], ...] | None = None
+
+    @property
+    def broker_errors(self) -> tuple[type[BaseException], ...]:
+        """What a broker that is down or refusing raises: a publish deferred to the relay
+        or the sweeper. Anything else (an encoding error, a tool run eagerly) raises."""
+        if self._errors is None:
+            errors: tuple[type[BaseException], ...] = (OSError, KombuOperationalError)
+            try:
+                conn = self.app.connection_for_write()
+                errors += (*conn.connection_errors, *conn.channel_errors)
+                conn.release()
+            except Exception:  # a transport that cannot say: the common ones only
+                pass
+            self._errors = errors
+        return self._errors
 
     def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
                      kwargs: dict[str, Any], task_id: str, queue: str | None, *,
@@ -53,7 +70,7 @@ class CeleryBus:
                                               self.settings().redact_keys)
             spec.task.apply_async(args=list(args), kwargs=real, argsrepr=argsrepr,
                                   kwargsrepr=kwargsrepr, **options)
-        except Exception as exc:  # the broker refused or is down: INTENT stays, relay resends
+        except self.broker_errors as exc:  # the broker refused or is down: the relay resends
             log.warning("publish_deferred", saga_id=saga_id, seq=seq, tool=tool,
                         task_id=task_id, error=f"{type(exc).__name__}: {exc}",
                         detail="journaled; the outbox relay publishes it once the broker "
@@ -101,7 +118,7 @@ class CeleryBus:
             self.app.tasks[f"sagaworker.{name}"].apply_async(
                 args=args, queue=self.settings().queue, countdown=countdown, retry=True,
                 retry_policy=RETRY_POLICY)
-        except Exception as exc:
+        except self.broker_errors as exc:
             log.warning("publish_deferred", saga_id=args[0] if args else None,
                         message=f"sagaworker.{name}", error=f"{type(exc).__name__}: {exc}",
                         detail="journaled; the sweeper sends it once the broker is back")

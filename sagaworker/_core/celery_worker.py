@@ -118,6 +118,9 @@ class WorkerStartup:
             self.sw.check_ready()
         except ConfigurationError as exc:
             self._refuse(str(exc))
+        except Exception as exc:  # Celery would log and swallow it, and start anyway
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            self._refuse(f"{type(exc).__name__}: {first}")
         prefetch = getattr(sender, "prefetch_multiplier", None)
         if prefetch is not None and prefetch != 1:
             # `--prefetch-multiplier N`, or a value Celery read before any signal could

@@ -172,7 +172,7 @@ WITH bump AS (
 UPDATE {_E} SET
     phase = '{_EXECUTED}', result = %(result)s, executed_at = %(t)s, updated_at = %(t)s,
     exec_order = (SELECT exec_counter FROM bump), lease_until = NULL,
-    duration_ms = %(ms)s, error = %(error)s
+    duration_ms = %(ms)s, error = NULL
 WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'
   AND attempt_token = %(token)s
 RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
@@ -180,13 +180,12 @@ RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
 
 
 def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
-             duration_ms: float, t: datetime,
-             error: str | None = None) -> tuple[str, str | None] | None:
+             duration_ms: float, t: datetime) -> tuple[str, str | None] | None:
     """Move ``execute`` fenced by the attempt token, with the saga row's lock and the next
     execution order taken in the same statement. (status, flow), or None on a miss."""
     row = _run(engine, _EXECUTED_SQL, {"t": t, "saga": saga_id, "seq": seq, "token": token,
                                        "result": _json(engine, "result", result),
-                                       "ms": duration_ms, "error": error})
+                                       "ms": duration_ms})
     return None if row is None else (str(row[0]), row[1])
 
 

@@ -49,12 +49,16 @@ def _revisions() -> tuple[str, list[str]]:
     return head, known
 
 
-def check_journal(engine: Engine, url: str) -> None:
+def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
     """Raise ConfigurationError, in one line that names the fix, unless the journal on
-    ``engine`` can be reached and its schema is the code's (or newer)."""
+    ``engine`` can be reached and its schema is the code's (or newer). ``made_here``: the
+    embedded SQLite journal, whose tables this process makes itself (no revision unless
+    someone migrated it)."""
     try:
         with engine.connect() as conn:
             if not inspect(conn).has_table(VERSION_TABLE):
+                if made_here:
+                    return
                 raise ConfigurationError(
                     f"the journal's tables are missing in {masked(url)}: run `sagaworker -A "
                     "MODULE db upgrade` (the release step) before starting workers or "

@@ -13,7 +13,7 @@ from .._base.registry import Registry
 from .._base.settings import Settings
 from .dialect import make_engine
 from .machine import Machine
-from .readiness import check_journal, masked
+from .readiness import check_journal, masked, unreachable
 from .repository import Journal
 
 __all__ = ["Bus", "Runtime"]
@@ -66,18 +66,21 @@ class Runtime:
                             f"SQLAlchemy can use ({type(exc).__name__}: {exc}); write it as "
                             "postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from None
                     journal = Journal(engine)
-                    if engine.dialect.name == "sqlite":
-                        # the embedded default sets itself up; real databases migrate
-                        # with `sagaworker db upgrade`
-                        journal.create_all()
-                    else:
-                        try:
-                            # a mistake is named now, in one line, never as a raw SQL
-                            # error in the middle of a request; checked again next time
-                            check_journal(engine, url)
-                        except ConfigurationError:
-                            engine.dispose()
-                            raise
+                    sqlite = engine.dialect.name == "sqlite"
+                    try:
+                        if sqlite:
+                            # the embedded default sets itself up; real databases
+                            # migrate with `sagaworker db upgrade`
+                            journal.create_all()
+                        # a mistake is named now, in one line, never as a raw SQL
+                        # error in the middle of a request; checked again next time
+                        check_journal(engine, url, made_here=sqlite)
+                    except ConfigurationError:
+                        engine.dispose()
+                        raise
+                    except Exception as exc:  # a folder that does not exist, say
+                        engine.dispose()
+                        raise unreachable(url, exc) from None
                     attach(engine, self.cipher)
                     self._engine = engine
                     self._machine = Machine(journal, self.settings)

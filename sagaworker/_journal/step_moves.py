@@ -174,22 +174,23 @@ class StepMoves(MoveBase):
     @retrying
     @performs("step", "execute")
     def executed(self, saga_id: str, seq: int, token: str, result: Any,
-                 duration_ms: float, *, error: str | None = None) -> Executed:
+                 duration_ms: float, *, error: str | None = None,
+                 fail_reason: str | None = None) -> Executed:
         """Move ``execute``; ``applied`` False when another attempt fenced this one out.
-        ``error``: the effect happened but its result cannot be journaled (result None)."""
+        ``error``: the effect happened but its result cannot be journaled (result None);
+        the saga is asked to fail (``fail_reason``) in the same transaction, so a worker
+        lost right after it leaves the failure to the sweeper, never a live effect."""
         t = now()
         engine = self.j.engine
-        if _pgfast.enabled(engine):
+        fast = _pgfast.enabled(engine) and error is None
+        if fast:
             got = _pgfast.executed(engine, saga_id=saga_id, seq=seq, token=token,
-                                   result=result, duration_ms=duration_ms, t=t, error=error)
+                                   result=result, duration_ms=duration_ms, t=t)
             if got is not None:
                 return Executed(True, SagaStatus(got[0]), got[1])
         with engine.begin() as conn:
-            if _pgfast.enabled(engine):
-                # a miss of the statement above: a replay of our own outcome, or fenced
-                saga = self.j.lock_saga(conn, saga_id)
-            else:
-                saga = self.j.lock_saga(conn, saga_id)
+            saga = self.j.lock_saga(conn, saga_id)
+            if not fast:  # (fast: a miss of the statement above, a replay or fenced)
                 if saga is None:
                     return Executed(False, None)
                 n = self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
@@ -199,6 +200,8 @@ class StepMoves(MoveBase):
                                      duration_ms=duration_ms, error=error)
                 if n:
                     self.j.touch(conn, saga_id, exec_counter=saga.exec_counter + 1)
+                    if error is not None:
+                        self._request_failure(conn, saga, fail_reason or error)
                     return Executed(True, SagaStatus(saga.status), saga.flow)
             if saga is None:
                 return Executed(False, None)

@@ -215,8 +215,9 @@ class Executor:
         # EXECUTED (so its undo runs), with the error saying why its result is missing.
         bad = not_json(value)
         error = None if bad is None else f"result is not JSON: {bad}"
+        reason = f"step {seq} ({spec.name}) failed: {error}"
         outcome = rt.machine.executed(saga_id, seq, token, None if error else value,
-                                      duration_ms, error=error)
+                                      duration_ms, error=error, fail_reason=reason)
         if not outcome.applied:
             # Another attempt took the entry over (this one's lease lapsed): its outcome is
             # the journal's, and this effect is reported, never journaled over it.
@@ -227,10 +228,9 @@ class Executor:
         # an earlier attempt's note (a retry that then succeeded) is of no use now; a note
         # is fenced by its token anyway, so a stale one can never fail a newer attempt
         self.failures.forget(task.request.id)
-        if error is not None:
+        if error is not None:  # the saga was asked to fail with the outcome
             log.warning("step_failed", error=error, executed=True)
-            reason = f"step {seq} ({spec.name}) failed: {error}"
-            self._after_outcome(saga_id, rt.machine.request_failure(saga_id, reason), reason)
+            self._after_outcome(saga_id, outcome.status, reason)
             return
         log.info("step_executed", duration_ms=duration_ms, attempt=attempt)
         if outcome.status is SagaStatus.COMPENSATING:

@@ -43,8 +43,12 @@ EXAMPLE = "tasks"  # the example application of the repository, never installed
 
 
 def _example_here() -> bool:
-    """The example is a folder of the repository checkout the demo runs in."""
-    return (Path.cwd() / EXAMPLE / "orders.py").is_file()
+    """The example is a folder of the sagaworker checkout the demo runs in (never a
+    user's own ``tasks`` package that happens to be in the working directory)."""
+    here = Path.cwd()
+    project = here / "pyproject.toml"
+    return ((here / EXAMPLE / "orders.py").is_file() and project.is_file()
+            and 'name = "sagaworker"' in project.read_text(errors="replace"))
 
 
 def _approver(sw: Any, stop: threading.Event) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .._base.jsonable import plain
 from .._base.types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
@@ -75,6 +76,10 @@ _WHOLE = {"seq", "status", "phase", "outcome", "attempts", "undo", "undo tries",
           "created"}
 
 
+#: the narrowest a free-text column may get before the rows are printed as blocks
+_MIN_TEXT = 10
+
+
 def _table(columns: tuple[str, ...], **kw: Any) -> Table:
     """A table that wraps (folds) its free-text cells to the width it has, piped or in a
     narrow terminal, and never shortens a value with an ellipsis."""
@@ -83,8 +88,48 @@ def _table(columns: tuple[str, ...], **kw: Any) -> Table:
         if col in _WHOLE:
             t.add_column(col, no_wrap=True, overflow="ignore")
         else:
-            t.add_column(col, overflow="fold")
+            t.add_column(col, overflow="fold", min_width=_MIN_TEXT)
     return t
+
+
+class _Grid:
+    """Rows shown as a table, or, in a terminal too narrow for its columns, as one block
+    a row (``column: value`` lines): a value is never cut and a column never vanishes."""
+
+    def __init__(self, columns: tuple[str, ...], title: str | None = None) -> None:
+        self.columns, self.title = columns, title
+        self.rows: list[tuple[str, ...]] = []
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(cells)
+
+    def _needs(self) -> int:
+        """The narrowest this table can be with every column whole: a fixed column as
+        wide as its widest cell, a free-text one at least ``_MIN_TEXT``; each column
+        three more for its padding and border, and the last border."""
+        width = 1
+        for i, col in enumerate(self.columns):
+            cells = [Text.from_markup(r[i]).cell_len for r in self.rows] or [0]
+            widest = max(len(col), *cells) if col in _WHOLE else max(len(col), _MIN_TEXT)
+            width += widest + 3
+        return width
+
+    def print(self) -> None:
+        t = _table(self.columns, title=self.title, title_justify="left")
+        for row in self.rows:
+            t.add_row(*row)
+        if self._needs() <= console.width:
+            console.print(t)
+            return
+        if self.title:
+            console.print(self.title)
+        for row in self.rows:
+            whole = [f"{c} {v}" for c, v in zip(self.columns, row, strict=True)
+                     if c in _WHOLE and v]
+            console.print("- " + "  ".join(whole))
+            for c, v in zip(self.columns, row, strict=True):
+                if c not in _WHOLE and v:
+                    console.print(f"  {c}: {v}", overflow="fold")
 
 
 def _tool(name: str) -> str:
@@ -107,17 +152,16 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
                       f"({step.phase.value}, {what})", markup=False)
     if rec.deadline_at is not None:
         console.print(f"deadline: {rec.deadline_at.isoformat()}", markup=False)
-    t = _table(("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
-                "undo tries"), title="journal", title_justify="left")
+    t = _Grid(("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
+               "undo tries"), title="journal")
     for e in rec.entries:
         t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), _cell([e.args, e.kwargs]),
                   _cell(e.result) if e.phase is Phase.EXECUTED else _cell(e.error or ""),
                   str(e.attempts), _outcome(e), str(e.compensation_attempts or ""))
-    console.print(t)
+    t.print()
     if rec.report.outcomes or rec.report.in_doubt:
-        r = _table(("seq", "tool", "outcome", "attempts", "detail"),
-                   title="compensation report (in the order the undos ran)",
-                   title_justify="left")
+        r = _Grid(("seq", "tool", "outcome", "attempts", "detail"),
+                  title="compensation report (in the order the undos ran)")
         for o in rec.report.outcomes:
             oc = _OUTCOME[o.result]
             r.add_row(str(o.seq), _tool(o.tool_name), f"[{oc}]{o.result.value}[/]",
@@ -125,7 +169,7 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
         for e in rec.report.in_doubt:
             r.add_row(str(e.seq), _tool(e.tool_name), "[bold red]IN DOUBT[/]",
                       str(e.attempts), _cell(e.error or ""))
-        console.print(r)
+        r.print()
 
 
 def _phase(e: EntryRecord) -> str:
@@ -142,9 +186,9 @@ def _outcome(e: EntryRecord) -> str:
 
 def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None) -> None:
     recs = redacted(recs, redaction)
-    t = _table(("saga", "status", "steps", "created", "reason"))
+    t = _Grid(("saga", "status", "steps", "created", "reason"))
     for r in recs:
         c = _STATUS.get(r.status, "")
         t.add_row(_cell(r.saga_id), f"[{c}]{r.status.value}[/]", str(len(r.entries)),
                   r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _cell(r.reason or ""))
-    console.print(t)
+    t.print()

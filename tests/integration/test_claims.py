@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -15,7 +14,7 @@ from sagaworker import Sagaworker
 from sagaworker._journal.machine import Start
 from sagaworker._journal.repository import now
 from sagaworker._journal.schema import entries
-from tests.conftest import uid
+from tests.conftest import uid, wait_for
 
 pytestmark = pytest.mark.services
 
@@ -34,6 +33,14 @@ def pg_sw(pg_url: str) -> Iterator[Sagaworker]:
 
 
 @pytest.mark.parametrize("lapsed", [False, True])
+def _waiting_on_locks(sw: Sagaworker) -> int:
+    """Sessions of the journal's database that wait for a row lock now."""
+    with sw.journal.engine.connect() as conn:
+        return int(conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'").scalar() or 0)
+
+
 def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed: bool) -> None:
     """Deliveries released together from the saga row lock: exactly one runs the tool."""
     saga_id = uid("claim")
@@ -58,7 +65,10 @@ def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.5)  # let them all block on the lock (the race needs them queued)
+    # the race needs every claimer queued on the lock (or done by the one-statement path,
+    # which takes no saga lock) before the lock goes
+    wait_for(lambda: _waiting_on_locks(pg_sw) + len(results) >= len(threads), 30,
+             "every claimer to queue on the saga row's lock")
     trans.commit()
     hold.close()
     for t in threads:

@@ -111,3 +111,27 @@ def test_the_cli_prints_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot reach")
     assert "hunter2" not in proc.stderr
+
+
+def test_a_worker_refuses_a_sqlite_journal_it_cannot_open(tmp_path: Path) -> None:
+    """The embedded journal in a folder that does not exist: one line, exit 3, instead
+    of a worker that logs ready and fails every task."""
+    line = _refusal(_worker(tmp_path, "sqlite:////nonexistent-folder/sub/j.db", TEST_SECRET))
+    assert "cannot reach the journal database" in line
+
+
+@pytest.mark.parametrize("case", ["missing folder", "old revision"])
+def test_a_producer_on_sqlite_gets_the_same_one_line_errors(tmp_path: Path, case: str) -> None:
+    from celery import Celery
+
+    from sagaworker._journal.migrate import upgrade
+
+    url = "sqlite:////nonexistent-folder/sub/j.db"
+    if case == "old revision":
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+        upgrade(url, "0001")
+    sw = Sagaworker(Celery("s", broker="memory://"), settings=Settings(
+        database_url=url, approval_secret=TEST_SECRET))
+    with pytest.raises(ConfigurationError,
+                       match="cannot reach" if case == "missing folder" else "db upgrade"):
+        sw.begin("s-1")

@@ -178,3 +178,19 @@ def test_web_serves_the_dashboard_of_the_named_app(app_dir: Path,
     client = served[0].test_client()
     assert [s["saga_id"] for s in client.get("/sagas").get_json()["sagas"]] == ["gate-1"]
     assert client.get("/").status_code == 200
+
+
+@pytest.mark.parametrize("width", [30, 40, 50, 60])
+def test_a_narrow_terminal_gets_every_column_whole(width: int) -> None:
+    """Too narrow for the table's columns, each row is printed as a block: no column
+    vanishes, no status or phase is cut, no value is shortened."""
+    reason = "step 3 (tasks.payment.charge_card) failed: CardDeclined: insufficient funds"
+    for fn, arg in ((render.render_sagas, [_record(reason)]),
+                    (render.render_saga, _record(reason))):
+        out = _rendered(fn, arg, width=width)
+        assert "…" not in out and "COMPENSATION_FAILED" in out
+        assert max(len(ln) for ln in out.splitlines()) <= width
+        assert _words("order-with-a-rather-long-identifier-0001") in _words(out)
+    saga = _words(_rendered(render.render_saga, _record(reason), width=width))
+    assert _words("refund_the_card_of_a_customer_who_cancelled") in saga
+    assert _words("the refund API answered 503 three times in a row, try again later") in saga

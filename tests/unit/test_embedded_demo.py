@@ -34,7 +34,10 @@ def test_demo_completes_one_saga_and_compensates_another(tmp_path: Path) -> None
 def test_demo_outside_a_checkout_says_where_to_run_it(tmp_path: Path) -> None:
     """The example is not installed with the library: in another folder the demo exits 2
     saying to run it in a checkout, and imports no module named ``tasks``."""
-    (tmp_path / "tasks.py").write_text("raise SystemExit('the demo imported a user module')\n")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "__init__.py").write_text(
+        "raise SystemExit('the demo imported a user module')\n")
+    (tmp_path / "tasks" / "orders.py").write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
     env["PYTHONPATH"] = str(ROOT / "sagaworker" / "..")
     proc = subprocess.run([sys.executable, "-m", "sagaworker.cli", "demo"], env=env,

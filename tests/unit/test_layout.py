@@ -155,11 +155,30 @@ def test_small_rooms(limit: int, what: str) -> None:
 
 
 def test_the_lifecycle_lives_in_one_table() -> None:
-    """Only the state machine's modules name the moves; the table lists each move once."""
-    from sagaworker._journal.lifecycle import MOVES
+    """The table names each move once, every move goes between states its own machine
+    has, and every state but the start is reached by some move and left by some move
+    unless it is terminal."""
+    from sagaworker import OutcomeResult, Phase, SagaStatus
+    from sagaworker._journal import lifecycle as lc
 
-    names = [(m.machine, m.name) for m in MOVES]
+    states = {
+        "saga": {lc.NEW, "FAILING", *SagaStatus.__members__},
+        "step": {lc.NEW, lc.ATTEMPT_RUNNING, *Phase.__members__},
+        "undo": {lc.UNDO_NONE, lc.UNDO_TRYING, *OutcomeResult.__members__},
+    }
+    terminal = {SagaStatus.COMPLETED.value, SagaStatus.COMPENSATED.value, Phase.EXECUTED.value,
+                Phase.FAILED.value, Phase.REJECTED.value, Phase.CANCELLED.value,
+                OutcomeResult.COMPENSATED.value, OutcomeResult.SKIPPED.value}
+    names = [(m.machine, m.name) for m in lc.MOVES]
     assert len(names) == len(set(names))
+    for m in lc.MOVES:
+        assert {*m.sources, m.target} <= states[m.machine], f"{m.machine}.{m.name}"
+    for machine, known in states.items():
+        moves = [m for m in lc.MOVES if m.machine == machine]
+        reached = {m.target for m in moves}
+        left = {s for m in moves for s in m.sources}
+        assert known - {lc.NEW} - reached == set(), f"{machine}: states no move reaches"
+        assert known - terminal - left == set(), f"{machine}: states no move leaves"
 
 
 def test_reliability_doc_draws_the_table() -> None:

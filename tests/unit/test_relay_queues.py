@@ -96,9 +96,14 @@ def test_past_the_rounds_no_step_of_an_unasked_queue_is_resent(
     """The rounds run out before the batch's queues are all known: the rows of queues not
     asked about wait for the next pass rather than being resent unasked."""
     monkeypatch.setattr("sagaworker._recovery.sweeper._ASK_ROUNDS", 3)
-    sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=4)
+    sent, asked = relay_world(sqlite_sw, monkeypatch, blocks=4)
     sqlite_sw.sweeper.sweep()
     assert sent == []
+    assert asked == [{"busy"}], "the relay read no lost step: the test proves nothing"
+    # with rounds enough, the same pass reaches the step of the queue nobody asked about
+    monkeypatch.setattr("sagaworker._recovery.sweeper._ASK_ROUNDS", 16)
+    sqlite_sw.sweeper.sweep()
+    assert sent == [("zz", 1)]
 
 
 def test_a_step_started_since_the_relay_read_it_is_not_taken(

@@ -92,3 +92,94 @@ def test_a_broker_that_is_down_fails_nobody(tmp_path: Path) -> None:
     assert [(e["log_level"], e["saga_id"]) for e in deferred] == [
         ("warning", "down-1"), ("warning", "down-2")]
     assert all("Error" in e["error"] for e in deferred)
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ({1: "a", "b": 2}, "dict whose keys are not all str"),
+    ({"__type__": "nothing-kombu-knows", "__value__": 1}, "kombu's type tag"),
+    ([{"deep": {"__type__": "datetime", "__value__": "not a date"}}], "kombu's type tag"),
+])
+def test_values_the_journal_could_not_read_back_are_refused(
+        tmp_path: Path, value: Any, named: str) -> None:
+    """A dict with keys of mixed types, or one shaped like kombu's type tag that kombu
+    cannot decode, is refused at enqueue and as metadata (a SagaworkerError, not a raw
+    TypeError, and never a row no read could open)."""
+    sw = _sw(tmp_path)
+
+    @sw.tool()
+    def note(body: Any) -> None: ...
+
+    with pytest.raises(SagaworkerError, match=named):
+        sw.begin("tag-1").enqueue(note, value)
+    with pytest.raises(SagaworkerError, match=named):
+        sw.begin("tag-2", metadata={"x": value})
+    assert [r.entries for r in sw.sagas()] == [[]]
+
+
+def test_an_unjournalable_result_asks_the_saga_to_fail_in_the_same_move(
+        tmp_path: Path) -> None:
+    """EXECUTED with ``result is not JSON`` and the failure request commit together: a
+    worker lost between them cannot leave the effect live with nobody told (the sweeper
+    sends a failure request it finds)."""
+    from sagaworker._journal.machine import new_token
+
+    sw = _sw(tmp_path)
+
+    @sw.tool()
+    def reserve(sku: str) -> None: ...
+
+    sw.begin("nj-1").enqueue(reserve, "sku-1")
+    token = new_token()
+    claim = sw.rt.machine.claim_start("nj-1", 1, reserve.name, token=token, worker="w",
+                                      idempotent=False, task_id=None)
+    assert claim.attempt == 1
+    out = sw.rt.machine.executed("nj-1", 1, token, None, 1.0,
+                                 error="result is not JSON: set",
+                                 fail_reason="step 1 (reserve) failed: result is not JSON: set")
+    assert out.applied
+    row = sw.journal.saga_row("nj-1")
+    assert row.fail_requested_at is not None
+    assert row.reason == "step 1 (reserve) failed: result is not JSON: set"
+    entry = sw.inspect("nj-1").entries[0]
+    assert (entry.phase, entry.result, entry.error) == (Phase.EXECUTED, None,
+                                                        "result is not JSON: set")
+
+
+def test_the_json_api_and_dashboard_show_every_journaled_type(tmp_path: Path) -> None:
+    """A saga holding a time, bytes, a date, a Decimal and a UUID is served (200, ISO
+    text), not a 500 for the whole listing."""
+    from sagaworker.web import create_app
+
+    sw = _sw(tmp_path)
+
+    @sw.tool()
+    def stamp(clock: time, raw: bytes, day: date, amount: Decimal, ref: uuid.UUID) -> None:
+        ...
+
+    ref = uuid.uuid4()
+    sw.begin("web-1").enqueue(stamp, time(10, 30), b"\xff\x00", date(2026, 12, 4),
+                              Decimal("1.50"), ref)
+    client = create_app(sw).test_client()
+    one = client.get("/sagas/web-1")
+    assert one.status_code == 200
+    assert one.get_json()["entries"][0]["args"] == ["10:30:00", "/wA=", "2026-12-04", "1.50",
+                                                    str(ref)]
+    assert client.get("/sagas").status_code == 200
+    assert client.get("/ui/sagas/web-1").status_code == 200
+    assert client.get("/").status_code == 200
+
+
+def test_only_a_broker_error_is_deferred(tmp_path: Path) -> None:
+    """An error that is not the broker's (here a tool run eagerly that raises) is not
+    taken for a broker that is down: it raises, and nothing says `publish_deferred`."""
+    sw = _sw(tmp_path)
+    sw.app.conf.task_always_eager = True
+    sw.app.conf.task_eager_propagates = True
+
+    @sw.tool()
+    def explode() -> None:
+        raise RuntimeError("the tool's own error")
+
+    with capture_logs() as logs, pytest.raises(RuntimeError, match="the tool's own error"):
+        sw.begin("eager-1").enqueue(explode)
+    assert [e for e in logs if e["event"] == "publish_deferred"] == []
