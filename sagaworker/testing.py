@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 from sqlalchemy import update
 
-from ._base.types import SagaResult, SagaStatus
+from ._base.types import ENVELOPE, SagaResult, SagaStatus
 from ._journal.dialect import make_engine
 from ._journal.repository import Journal, now
 from ._journal.schema import entries
 from ._recovery.compensation import current_compensation
-from ._worker.execution import ENVELOPE
-from ._worker.flows import FlowContext, _Diverged, _Suspend
+from ._worker.flows import replay
 
 if TYPE_CHECKING:
     from ._core.sagaworker import Sagaworker
@@ -221,21 +220,14 @@ def replay_problem(sw: Sagaworker, saga_id: str) -> str | None:
     rows = sw.journal.saga_and_entries(saga_id)[1]
     seen: list[Any] = []
     for _ in range(2):
-        ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, sw.producer)
-        try:
-            got: Any = ("returned", spec.fn(ctx, *(saga.flow_args or []),
-                                            **(saga.flow_kwargs or {})))
-        except _Suspend:
-            got = ("waits",)
-        except _Diverged as exc:
-            return exc.detail
-        except Exception as exc:  # ToolFailed for a failed step, or the flow's own error
-            got = ("raised", type(exc).__name__)
-        if got[0] == "returned" and not ctx.new and ctx.consumed < len(rows):
-            row = rows[ctx.consumed]
-            return (f"flow diverged at step {row.seq}: the journal holds {row.tool_name}, "
-                    "the replay returned before asking for it")
-        asked = ", ".join(f"{sw.producer.resolve(t).name}{_call(a, k)}" for t, a, k in ctx.new)
+        run = replay(sw.rt, sw.producer, spec, saga, rows)
+        if run.kind == "diverged":
+            return run.detail
+        got: Any = ((run.kind, run.value) if run.kind == "returned" else
+                    ("raised", type(run.error).__name__) if run.kind == "raised" else
+                    ("waits",))
+        asked = ", ".join(f"{sw.producer.resolve(t).name}{_call(a, k)}"
+                          for t, a, k in run.ctx.new)
         seen.append((asked or "no new step", got))
     if seen[0] != seen[1]:
         (asked1, got1), (asked2, got2) = seen

@@ -111,7 +111,7 @@ class Cluster:
     """Real `celery worker` processes plus a producer Sagaworker in the test process."""
 
     def __init__(self, settings: Settings, tmp: Path, broker: str) -> None:
-        from tests.app import build
+        from tests.apps.cluster import build
 
         self.settings, self.tmp, self.broker = settings, tmp, broker
         self.default_queue = f"t-{uuid.uuid4().hex[:8]}"
@@ -125,7 +125,7 @@ class Cluster:
 
         n = len(self.workers) + 1
         log = self.tmp / f"worker{n}.log"
-        proc = start_worker("tests.app", worker_env(self.settings, self.default_queue,
+        proc = start_worker("tests.apps.cluster", worker_env(self.settings, self.default_queue,
                                                      **extra_env),
                             log, concurrency=concurrency, pool=pool,
                             extra=("-n", f"w{n}-{uuid.uuid4().hex[:4]}@%h", *args))
@@ -133,8 +133,8 @@ class Cluster:
         return proc
 
     def tool(self, name: str) -> Any:
-        """The Celery task of a test tool (tests/app.py) as the producer sees it."""
-        return self.sw.registry.tool(f"tests.app.{name}").task
+        """The Celery task of a test tool (tests/apps/cluster.py) as the producer sees it."""
+        return self.sw.registry.tool(f"tests.apps.cluster.{name}").task
 
     def stop_workers(self) -> None:
         for proc, _ in self.workers:
@@ -164,7 +164,7 @@ class Cluster:
         return out
 
     def ledger(self, key: str) -> list[Any]:
-        from tests.app import rows
+        from tests.apps.cluster import rows
 
         return rows(self.settings.database_url, key)
 

@@ -60,6 +60,10 @@ TERMINAL = frozenset(
     {SagaStatus.COMPLETED, SagaStatus.COMPENSATED, SagaStatus.COMPENSATION_FAILED}
 )
 OPEN = frozenset({SagaStatus.RUNNING, SagaStatus.AWAITING_APPROVAL})
+#: the same, as the journal stores them (for SQL)
+OPEN_VALUES = (SagaStatus.RUNNING.value, SagaStatus.AWAITING_APPROVAL.value)
+#: the reserved keyword that carries (saga_id, seq) inside a tool message
+ENVELOPE = "__sagaworker__"
 
 
 class OutcomeResult(StrEnum):

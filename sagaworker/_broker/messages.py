@@ -11,15 +11,14 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .._base.registry import Registry
 from .._base.settings import Settings
+from .._base.types import ENVELOPE
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs
 
-__all__ = ["ENVELOPE", "RETRY_POLICY", "CeleryBus"]
+__all__ = ["RETRY_POLICY", "CeleryBus"]
 
 log = get_logger()
 
-#: the reserved keyword that carries (saga_id, seq) inside a tool message
-ENVELOPE = "__sagaworker__"
 
 #: kombu publish retry policy: ride out a broker restart instead of failing the step
 RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5,

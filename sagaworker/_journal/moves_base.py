@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Any
 
 from .._base.settings import Settings
-from .._base.types import OPEN, Phase, SagaStatus
+from .._base.types import OPEN, OPEN_VALUES, Phase, SagaStatus
 from .dialect import db_now
 from .lifecycle import move, performs
 from .repository import Journal, now
@@ -99,7 +99,7 @@ class UndoState:
 Held = tuple[str, int, bool, str]
 
 _INTENT, _EXECUTED = Phase.INTENT.value, Phase.EXECUTED.value
-_OPEN_VALUES = [s.value for s in OPEN]
+_OPEN_VALUES = list(OPEN_VALUES)
 _CLAIM = move("step", "claim")
 _EXECUTE = move("step", "execute")
 

@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
 from .._base.types import (
-    OPEN,
+    OPEN_VALUES,
     Phase,
     SagaRecord,
     SagaStatus,
@@ -248,7 +248,7 @@ class Journal:
             guard = [] if expect_seq is None else [sagas.c.last_seq == expect_seq]
             bump = (update(sagas)
                     .where(sagas.c.saga_id == saga_id,
-                           sagas.c.status.in_([s.value for s in OPEN]),
+                           sagas.c.status.in_(OPEN_VALUES),
                            sagas.c.fail_requested_at.is_(None), *guard)
                     .values(**values)
                     .returning(sagas.c.last_seq))
@@ -301,7 +301,7 @@ class Journal:
                            .where(sagas.c.saga_id == saga_id)).first()
         if row is None:
             raise SagaNotFound(f"no saga {saga_id!r}; begin it with sw.begin({saga_id!r}) first")
-        if row.fail_requested_at is not None and row.status in {s.value for s in OPEN}:
+        if row.fail_requested_at is not None and row.status in OPEN_VALUES:
             raise SagaworkerError(
                 f"saga {saga_id!r} is failing (compensation requested); it takes no new steps")
         raise SagaworkerError(

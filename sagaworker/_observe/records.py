@@ -9,7 +9,8 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._base.types import ApprovalRequest, EntryRecord, SagaRecord, SagaResult
+from .._base.jsonable import plain
+from .._base.types import ApprovalRequest, EntryRecord, Phase, SagaRecord, SagaResult
 from .process import (
     redact_keys,
     signature_of,
@@ -23,7 +24,7 @@ from .redact import (
     secret_values,
 )
 
-__all__ = ["Redaction"]
+__all__ = ["Redaction", "saga_json", "waiting_step"]
 
 # -- records for people: the CLI, the JSON API, the dashboard ----------------------------
 
@@ -133,3 +134,24 @@ def _merge(groups: Iterable[list[str]]) -> list[str]:
     return sorted({v for g in groups for v in g}, key=len, reverse=True)
 
 
+
+
+def waiting_step(rec: SagaRecord) -> EntryRecord | None:
+    """The step an open saga waits on: its first entry still INTENT or AWAITING_APPROVAL."""
+    if rec.status.terminal:
+        return None
+    return next((e for e in rec.entries
+                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)
+
+
+def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, Any]:
+    """The saga as JSON for people and clients (`sagaworker show --json`, the JSON API):
+    redacted, with ``terminal``, ``dirty`` and ``waiting_on`` (the step it waits on)."""
+    rec = (redaction or Redaction.current()).record(rec)
+    d: dict[str, Any] = plain(rec)
+    d["terminal"] = rec.status.terminal
+    d["dirty"] = bool(rec.report.dirty)
+    step = waiting_step(rec)
+    d["waiting_on"] = None if step is None else {
+        "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
+    return d

@@ -22,6 +22,8 @@ from typing import Any
 
 from celery.utils.saferepr import saferepr
 
+from .._base.types import ENVELOPE
+
 __all__ = [
     "REDACTED",
     "call_reprs",
@@ -33,8 +35,6 @@ __all__ = [
 ]
 
 REDACTED = "[REDACTED]"
-#: the reserved keyword carrying (saga_id, seq) in a tool message (see _execution.py)
-ENVELOPE = "__sagaworker__"
 #: shorter values are not scrubbed out of free text (they would shred every line)
 MIN_TEXT_VALUE = 3
 #: Celery's own default size of an argsrepr/kwargsrepr

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from .._base.canonical import args_digest
 from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.settings import Settings
-from .._base.types import OPEN, ApprovalRequest, Phase, SagaStatus
+from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
@@ -105,7 +105,7 @@ class Gate:
             rows = conn.execute(select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
                 entries.c.phase == Phase.AWAITING_APPROVAL.value,
-                sagas.c.status.in_([s.value for s in OPEN]),
+                sagas.c.status.in_(OPEN_VALUES),
                 sagas.c.fail_requested_at.is_(None))
                 .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
             ).all()

@@ -10,7 +10,7 @@ from typing import Any
 from .._base.canonical import args_digest, bad_argument, canonical_args
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
-from .._broker.messages import ENVELOPE
+from .._base.types import ENVELOPE
 from .._journal.repository import NewEntry
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from sqlalchemy import Table, and_, func, or_, select, update
 
-from .._base.types import OPEN, EntryRecord, Phase, SagaStatus
+from .._base.types import OPEN_VALUES, EntryRecord, Phase, SagaStatus
 from .._journal.dialect import aware, db_later, db_now
 from .._journal.repository import now
 from .._journal.rows import entry_record
@@ -30,7 +30,7 @@ log = get_logger()
 _BATCH = 500
 _MAX_BACKOFF = 3600.0
 _ASK_ROUNDS = 16  # rounds of asking the broker about a relay batch's queues
-_OPEN = [s.value for s in OPEN]
+_OPEN = list(OPEN_VALUES)
 
 
 class Sweeper:

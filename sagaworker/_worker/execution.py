@@ -17,8 +17,7 @@ from celery.exceptions import Reject
 from .._base.canonical import args_digest, not_json
 from .._base.errors import BadInput
 from .._base.registry import ToolSpec
-from .._base.types import OPEN, SagaStatus
-from .._broker.messages import ENVELOPE
+from .._base.types import ENVELOPE, OPEN, SagaStatus
 from .._journal.machine import Claim, Held, Start, new_token, worker_label
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime

@@ -156,6 +156,50 @@ def _show(rt: Runtime, tool: str, args: Any, kwargs: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "...)"
 
 
+@dataclass
+class Replay:
+    """One run of a flow's function against its journal, writing nothing: it ``waits``
+    (on a step without an outcome, or after enqueuing new ones: ``ctx.new``), ``returned``
+    a value, ``raised`` an error, or ``diverged`` from the journal (``detail``)."""
+
+    ctx: FlowContext
+    kind: str
+    value: Any = None
+    error: BaseException | None = None
+    detail: str = ""
+
+
+def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
+           rows: list[Any]) -> Replay:
+    """Run the flow from the top against ``rows`` (what the worker's advance and
+    ``sagaworker.testing`` both do). Asking for another tool or other arguments than the
+    journal holds at a position, or returning or raising before asking for every
+    journaled step, is a divergence."""
+    ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer)
+    try:
+        value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
+    except _Suspend:
+        return Replay(ctx, "waits")
+    except _Diverged as exc:
+        return Replay(ctx, "diverged", detail=exc.detail)
+    except Exception as exc:
+        if not isinstance(exc, ToolFailed) and not ctx.new and ctx.consumed < len(rows):
+            return Replay(ctx, "diverged", error=exc,
+                          detail=_unasked(rt, rows[ctx.consumed],
+                                          f"raised {type(exc).__name__}"))
+        return Replay(ctx, "raised", error=exc)
+    if not ctx.new and ctx.consumed < len(rows):
+        return Replay(ctx, "diverged", value=value,
+                      detail=_unasked(rt, rows[ctx.consumed], "returned"))
+    return Replay(ctx, "waits" if ctx.new else "returned", value=value)
+
+
+def _unasked(rt: Runtime, row: Any, what: str) -> str:
+    return (f"flow diverged at step {row.seq}: the journal holds {row.tool_name}"
+            f"{_show(rt, row.tool_name, row.args, row.kwargs)}, the replay {what} before "
+            "asking for it")
+
+
 class Flows:
     """The registry of flows and the replay that advances them."""
 
@@ -231,40 +275,27 @@ class Flows:
             log.error("flow_unknown", flow=saga.flow,
                       detail="this worker does not know the flow; the sweeper sends it again")
             return
-        ctx = FlowContext(saga_id, dict(saga.metadata or {}), rows, self.producer)
-        try:
-            value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
-        except _Suspend:
+        run = replay(self.rt, self.producer, spec, saga, rows)
+        if run.kind == "waits":
             # journaling the next steps also stamps advanced_at (one transaction); a replay
             # that only waits on a running step or a gate stamps it alone
-            if ctx.new:
-                self._journal_new(saga_id, ctx, saga.last_seq)
+            if run.ctx.new:
+                self._journal_new(saga_id, run.ctx, saga.last_seq)
             else:
                 j.mark_advanced(saga_id)
             return
-        except _Diverged as exc:
-            self._fail(saga_id, exc.detail, event="flow_diverged")
+        if run.kind == "diverged":
+            self._fail(saga_id, self._scrubbed(spec, saga, run.detail), event="flow_diverged")
             return
-        except SagaworkerError as exc:
+        if run.kind == "raised":
+            exc = run.error
             if isinstance(exc, ToolFailed):
                 return  # that step's failure already fails the saga
-            self._fail(saga_id, self._scrubbed(spec, saga, f"{type(exc).__name__}: {exc}"))
+            what = (f"{type(exc).__name__}: {exc}" if isinstance(exc, SagaworkerError)
+                    else f"the flow raised {type(exc).__name__}: {exc}")
+            self._fail(saga_id, self._scrubbed(spec, saga, what))
             return
-        except Exception as exc:
-            self._fail(saga_id, self._scrubbed(
-                spec, saga, f"the flow raised {type(exc).__name__}: {exc}"))
-            return
-        if ctx.new:  # enqueued, never awaited: journal them; the flow ends when they do
-            self._journal_new(saga_id, ctx, saga.last_seq)
-            return
-        if ctx.consumed < len(rows):
-            row = rows[ctx.consumed]
-            self._fail(saga_id, f"flow diverged at step {row.seq}: the journal holds "
-                                f"{row.tool_name}"
-                                f"{_show(self.rt, row.tool_name, row.args, row.kwargs)}, "
-                                "the replay returned before asking for it",
-                       event="flow_diverged")
-            return
+        value = run.value
         try:
             check_json(value, f"the return value of flow {spec.name!r}")
         except BadInput as exc:

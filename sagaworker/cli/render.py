@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .._base.jsonable import plain
 from .._base.types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
-from .._observe.records import Redaction
+from .._observe.records import Redaction, saga_json, waiting_step
 
 __all__ = ["console", "flow_call", "redacted", "render_saga", "render_sagas", "saga_json",
            "to_json", "waiting_step"]
@@ -38,14 +38,6 @@ def to_json(o: Any, redaction: Redaction | None = None) -> str:
     return json.dumps(plain(redacted(o, redaction)), indent=2, default=str)
 
 
-def waiting_step(rec: SagaRecord) -> EntryRecord | None:
-    """The step an open saga waits on: its first entry still INTENT or AWAITING_APPROVAL."""
-    if rec.status.terminal:
-        return None
-    return next((e for e in rec.entries
-                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)
-
-
 def flow_call(rec: SagaRecord) -> str | None:
     """``name(arg, ..., key=value)`` of a flow saga (as given, redact it first)."""
     if rec.flow is None:
@@ -55,14 +47,6 @@ def flow_call(rec: SagaRecord) -> str | None:
     return f"{rec.flow}({', '.join(parts)})"
 
 
-def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, Any]:
-    """The saga as JSON (redacted), with ``waiting_on``: the step it waits on, or None."""
-    rec = redacted(rec, redaction)
-    d: dict[str, Any] = plain(rec)
-    step = waiting_step(rec)
-    d["waiting_on"] = None if step is None else {
-        "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
-    return d
 
 
 def _cell(v: Any) -> str:

@@ -19,10 +19,11 @@ from sagaworker import (
     SagaRecord,
     SagaStatus,
 )
+from sagaworker._observe.records import waiting_step
 
 from .api import auth, operator, sw_of
 from .auth import Identity
-from .queries import idle_sagas, waiting_step
+from .queries import idle_sagas
 
 __all__ = ["Attention", "Ops", "TimelineUndo", "bp", "register_filters"]
 

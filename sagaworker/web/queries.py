@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from sagaworker import EntryRecord, Phase, SagaNotFound, SagaRecord, SagaStatus
+from sagaworker import Phase, SagaNotFound, SagaRecord, SagaStatus
 from sagaworker._journal.schema import entries, sagas
 
-__all__ = ["idle_sagas", "waiting_step"]
+__all__ = ["idle_sagas"]
 
 
 def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
@@ -36,10 +36,3 @@ def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
             continue
     return out
 
-
-def waiting_step(rec: SagaRecord) -> EntryRecord | None:
-    """The step an open saga waits on: its first entry in INTENT or AWAITING_APPROVAL."""
-    if rec.status.terminal:
-        return None
-    return next((e for e in rec.entries
-                 if e.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL)), None)

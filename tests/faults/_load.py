@@ -1,6 +1,6 @@
 """Load and oracle for the fault suite: many concurrent sagas, then every invariant checked.
 
-The oracle is the ledger the test tools write themselves (tests/app.py): an effect row
+The oracle is the ledger the test tools write themselves (tests/apps/cluster.py): an effect row
 when a tool's effect happens, an undo row when its undo is applied. The journal is checked
 against it, never against itself.
 
@@ -72,7 +72,7 @@ def retry(fn: Callable[[], Any], seconds: float = 90) -> Any:
 def drive_flow(c: Cluster, saga_id: str, index: int) -> None:
     """One flow saga, started and left to the workers: a quarter fail in their last step,
     a quarter are aborted by an operator while they run."""
-    from tests.app import load_flow
+    from tests.apps.cluster import load_flow
 
     mode = index % 4
     saga = retry(lambda: c.sw.start(saga_id, load_flow, saga_id, fail=mode == 0,
@@ -92,7 +92,7 @@ def drive(c: Cluster, saga_id: str, index: int, *, duplicate_deliveries: bool = 
     if flows:
         drive_flow(c, saga_id, index)
         return
-    step = c.sw.registry.tool("tests.app.step").task
+    step = c.sw.registry.tool("tests.apps.cluster.step").task
     saga = retry(lambda: c.sw.begin(saga_id))
     mode = index % 4
     try:

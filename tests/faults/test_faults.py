@@ -62,7 +62,7 @@ def restart_worker(c: Cluster, i: int = 0, extra: tuple[str, ...] = (), **env: s
     proc.wait(10)
     from sagaworker.cli.demo import start_worker
 
-    new = start_worker("tests.app", worker_env(c.settings, c.default_queue, **env), log,
+    new = start_worker("tests.apps.cluster", worker_env(c.settings, c.default_queue, **env), log,
                        concurrency=4, extra=(*extra, "-n", f"r{uuid.uuid4().hex[:4]}@%h"))
     c.workers[i] = (new, log)
 
@@ -146,13 +146,13 @@ def test_producer_killed_between_intent_and_publish(fault_cluster: Cluster) -> N
     orphaned = [f"crash-{uuid.uuid4().hex[:8]}-{i}" for i in range(20)]
 
     def crash(stop: threading.Event) -> int:
-        proc = subprocess.run([sys.executable, "-m", "tests.producer_crash", "--many",
+        proc = subprocess.run([sys.executable, "-m", "tests.apps.producer_crash", "--many",
                                *orphaned], env=worker_env(c.settings, c.default_queue),
                               cwd=ROOT, timeout=120)
         assert proc.returncode == 17
         for sid in orphaned:  # a later web request carries the saga on
             s = c.sw.get(sid)
-            s.enqueue(c.sw.registry.tool("tests.app.step").task, sid, "s1b")
+            s.enqueue(c.sw.registry.tool("tests.apps.cluster.step").task, sid, "s1b")
         return len(orphaned)
 
     f = run_load(c, "producer-crash", inject=crash)
@@ -183,7 +183,7 @@ def test_compensation_worker_killed_mid_chain(broker: str, pg_url: str,
 
     env = {"TEST_UNDO_SLEEP": "0.2"}
     log = tmp_path / "comp.log"
-    comp = start_worker("tests.app", worker_env(c.settings, c.default_queue, **env), log,
+    comp = start_worker("tests.apps.cluster", worker_env(c.settings, c.default_queue, **env), log,
                         concurrency=4, extra=("-Q", c.settings.queue, "-n", "comp@%h"))
     c.workers.append((comp, log))
     try:

@@ -92,7 +92,7 @@ def test_bad_tokens_are_refused_and_change_nothing(cluster: Cluster) -> None:
     candidates = [
         Signer("not-the-secret", 60).sign(key, 2, row.tool_name, row.args_digest,
                                          row.approval_nonce),
-        Signer(TEST_SECRET, 60).sign(key, 2, "tests.app.step", row.args_digest,
+        Signer(TEST_SECRET, 60).sign(key, 2, "tests.apps.cluster.step", row.args_digest,
                                       row.approval_nonce),
         Signer(TEST_SECRET, 60).sign(key, 2, row.tool_name, "0" * 64, row.approval_nonce),
         Signer(TEST_SECRET, 60).sign(key, 2, row.tool_name, row.args_digest, "guessed"),

@@ -30,8 +30,8 @@ def test_worker_of_an_app_configured_after_sagaworker_compensates(
     """`config_from_object` after `Sagaworker(app)`, with the app's own `task_queues`: a plain
     `celery -A module worker` still consumes the sagaworker queue and compensates."""
     from sagaworker.cli.demo import start_worker
-    from tests.app import rows
-    from tests.config_app import build
+    from tests.apps.cluster import rows
+    from tests.apps.configured import build
 
     broker = BROKERS["rabbitmq"]
     need("rabbitmq", _broker(broker))
@@ -44,10 +44,10 @@ def test_worker_of_an_app_configured_after_sagaworker_compensates(
     env = worker_env(settings, default_queue, TESTS_APP_WORKER="0",
                      TESTS_CONFIG_APP_WORKER="1")
     log = tmp_path / "worker.log"
-    proc = start_worker("tests.config_app", env, log, extra=("-n", f"cfg-{uid()}@%h"))
+    proc = start_worker("tests.apps.configured", env, log, extra=("-n", f"cfg-{uid()}@%h"))
     try:
         key = uid("k")
-        step = sw.registry.tool("tests.config_app.step").task
+        step = sw.registry.tool("tests.apps.configured.step").task
 
         def work(s: Any) -> None:
             s.call(step, key, "a")

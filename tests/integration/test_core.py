@@ -97,7 +97,7 @@ def test_failing_undo_leaves_dirty_state_and_the_chain_goes_on(cluster: Cluster)
     assert failed[0]["attempts"] == 3 and "broken" in failed[0]["detail"]
     assert failed[0]["seq"] == 2 and failed[0]["tool"].endswith("broken_undo_step")
     assert crit[0]["level"] == "critical"
-    assert crit[0]["dirty_tools"] == ["tests.app.broken_undo_step"]
+    assert crit[0]["dirty_tools"] == ["tests.apps.cluster.broken_undo_step"]
     assert {"timestamp", "level", "event", "saga_id"} <= set(failed[0])
 
 
@@ -139,7 +139,7 @@ def test_zero_argument_undo(cluster: Cluster) -> None:
                           timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     assert res.report.outcomes[0].result is OutcomeResult.COMPENSATED
-    assert res.report.outcomes[0].tool_name == "tests.app.zero_arg_undo_step"
+    assert res.report.outcomes[0].tool_name == "tests.apps.cluster.zero_arg_undo_step"
 
 
 def test_context_carries_result_attempt_reason_and_stable_key(cluster: Cluster) -> None:
@@ -315,7 +315,7 @@ def test_worker_serves_prometheus_metrics(cluster: Cluster) -> None:
              if ln and not ln.startswith("#")}
     assert lines['sagaworker_sagas{status="COMPENSATION_FAILED"}'] >= 1
     assert lines['sagaworker_compensations_total{outcome="COMPENSATION_FAILED",'
-                 'tool="tests.app.broken_undo_step"}'] >= 1
-    assert lines['sagaworker_steps{phase="FAILED",tool="tests.app.step"}'] >= 1
+                 'tool="tests.apps.cluster.broken_undo_step"}'] >= 1
+    assert lines['sagaworker_steps{phase="FAILED",tool="tests.apps.cluster.step"}'] >= 1
     assert lines["sagaworker_compensation_duration_seconds_count"] >= 1
     assert "sagaworker_orphans" in lines

@@ -109,7 +109,7 @@ def test_producer_killed_between_intent_and_publish(crash_cluster: Cluster) -> N
     c = crash_cluster
     key = uid("k")
     env = worker_env(c.settings, c.default_queue)
-    proc = subprocess.run([sys.executable, "-m", "tests.producer_crash", key, key], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.apps.producer_crash", key, key], env=env,
                           cwd=ROOT, timeout=60)
     assert proc.returncode == 17
     assert c.sw.inspect(key).entries[0].phase is Phase.INTENT
@@ -200,8 +200,8 @@ def test_an_unjournalable_result_is_executed_and_undone(crash_cluster: Cluster) 
     assert res.status is SagaStatus.COMPENSATED
     e = c.sw.inspect(key).entries[1]
     assert (e.phase, e.in_doubt, e.result) == (Phase.EXECUTED, False, None)
-    assert e.error == "result is not JSON: tests.app.NotJson"
-    assert "result is not JSON: tests.app.NotJson" in (c.sw.inspect(key).reason or "")
+    assert e.error == "result is not JSON: tests.apps.cluster.NotJson"
+    assert "result is not JSON: tests.apps.cluster.NotJson" in (c.sw.inspect(key).reason or "")
     assert [(o.seq, o.result) for o in res.report.outcomes] == [
         (2, OutcomeResult.COMPENSATED), (1, OutcomeResult.COMPENSATED)]
     undo = [r for r in c.ledger(key) if r.kind == "undo" and r.tool == "returns_object"]
@@ -254,7 +254,7 @@ def test_poison_messages_are_dead_lettered_and_the_worker_serves_on(
                         break
                     got.append(m.headers.get("task"))
                     m.ack()
-            assert got.count("tests.app.step") >= 3
+            assert got.count("tests.apps.cluster.step") >= 3
     key = uid("k")
     assert c.sw.saga(key, lambda s: s.call(task, key, "after"), timeout=T).status \
         is SagaStatus.COMPLETED

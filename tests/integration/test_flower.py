@@ -73,7 +73,7 @@ def flower_cluster(pg_url: str,
     log = tmp / "flower.log"
     with open(log, "ab") as out:
         flower = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.app", "flower",
+            [sys.executable, "-m", "celery", "-A", "tests.apps.cluster", "flower",
              "--address=127.0.0.1", f"--port={port}"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -159,7 +159,7 @@ def test_flower_lists_tool_tasks_with_redacted_arguments(flower_cluster: FlowerC
     tasks = answers[0]
     by_pos, by_kw = sorted((tasks[t] for t in ids), key=lambda t: t["args"] == "[]")
     for t in (by_pos, by_kw):
-        assert t["name"] == "tests.app.pay" and t["state"] == "SUCCESS"
+        assert t["name"] == "tests.apps.cluster.pay" and t["state"] == "SUCCESS"
         assert REDACTED in t["args"] + t["kwargs"]
     # redacted where it was passed: by position in args, by name in kwargs; the rest shows
     assert by_pos["args"] == f"['{key}', '{REDACTED}', 1000]"

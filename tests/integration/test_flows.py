@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from sagaworker import ApprovalInvalid, OutcomeResult, Phase, SagaStatus
 from sagaworker._journal.schema import entries
-from tests.app import catches_failure, fan_out, gated_flow, three_steps
+from tests.apps.cluster import catches_failure, fan_out, gated_flow, three_steps
 from tests.conftest import Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services
@@ -24,7 +24,7 @@ def test_flow_runs_to_completion_with_no_caller_waiting(cluster: Cluster) -> Non
     """sw.start returns at once; the workers carry the flow; its value is journaled."""
     key = uid("f")
     saga = cluster.sw.start(key, three_steps, key, metadata={"customer": "c-1"})
-    assert cluster.sw.inspect(key).flow == "tests.app.three_steps"
+    assert cluster.sw.inspect(key).flow == "tests.apps.cluster.three_steps"
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPLETED
     assert res.value == {"a": "a-done", "b": "b-done", "c": "c-done"}

@@ -1,7 +1,7 @@
 """Regression tests for the state-machine defects of issue 10, through real worker processes.
 
 Each test drives a real `celery worker` on PostgreSQL and RabbitMQ or Redis, and reads what
-really happened from the oracle ledger the test tools write (tests/app.py). A fault test
+really happened from the oracle ledger the test tools write (tests/apps/cluster.py). A fault test
 first proves the fault hit (a try row written before the crash, a message really purged,
 a message really delivered twice), then checks the guarantee.
 
@@ -33,7 +33,7 @@ from sagaworker import (
     Sagaworker,
     SagaworkerError,
 )
-from tests.app import forget
+from tests.apps.cluster import forget
 from tests.conftest import (
     BROKERS,
     Cluster,
@@ -76,7 +76,7 @@ def start_worker(c: Cluster, extra: tuple[str, ...] = (), concurrency: int = 2,
     from sagaworker.cli.demo import start_worker as start
 
     log = c.tmp / f"worker{len(c.workers) + 1}.log"
-    proc = start("tests.app", worker_env(c.settings, c.default_queue, **env), log,
+    proc = start("tests.apps.cluster", worker_env(c.settings, c.default_queue, **env), log,
                  concurrency=concurrency,
                  extra=(*extra, "-n", f"h{len(c.workers) + 1}-{uuid.uuid4().hex[:4]}@%h"))
     c.workers.append((proc, log))
@@ -418,7 +418,7 @@ def test_approval_events_carry_the_approver(cluster: Cluster) -> None:
         ("approval_requested", other, 2, None, "info"),
         ("approval_rejected", other, 2, "bob", "warning"),
     ]
-    assert all(e.get("tool") == "tests.app.ship" for e in logs
+    assert all(e.get("tool") == "tests.apps.cluster.ship" for e in logs
                if str(e.get("event", "")).startswith("approval_"))
     assert ship.result(timeout=T) == "shipped-parcel"
     saga.complete()

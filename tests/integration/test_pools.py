@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sagaworker import OutcomeResult, Phase, SagaStatus
-from tests.app import fan_out, three_steps
+from tests.apps.cluster import fan_out, three_steps
 from tests.conftest import BROKERS, Cluster, _broker, need, new_settings, uid, wait_for
 
 pytestmark = pytest.mark.services
@@ -102,7 +102,7 @@ def test_failing_undo_leaves_dirty_state_and_the_chain_goes_on(
     assert undone(c, key) == ["a"]
     crit = wait_for(lambda: [e for e in c.events(key)
                              if e["event"] == "saga_compensation_failed"], 10, "alert line")
-    assert crit[0]["dirty_tools"] == ["tests.app.broken_undo_step"]
+    assert crit[0]["dirty_tools"] == ["tests.apps.cluster.broken_undo_step"]
 
 
 def test_step_executed_after_compensation_began_is_undone_first(

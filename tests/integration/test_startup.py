@@ -20,7 +20,7 @@ UNREACHABLE = "postgresql+psycopg://shop:hunter2-secret@127.0.0.1:1/shop"
 
 
 def _worker(tmp_path: Path, database_url: str, secret: str) -> subprocess.CompletedProcess[str]:
-    """`celery -A tests.app worker` as a user starts it; it must exit by itself."""
+    """`celery -A tests.apps.cluster worker` as a user starts it; it must exit by itself."""
     need("rabbitmq", _broker(BROKERS["rabbitmq"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
     env.update(PYTHONPATH=str(ROOT), TESTS_APP_WORKER="1",
@@ -29,7 +29,7 @@ def _worker(tmp_path: Path, database_url: str, secret: str) -> subprocess.Comple
                SAGAWORKER_BROKER_URL=BROKERS["rabbitmq"],
                SAGAWORKER_QUEUE=f"sw-start-{uuid.uuid4().hex[:6]}",
                SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0")
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.app", "worker",
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.apps.cluster", "worker",
                            "-c", "1", "--without-gossip", "--without-mingle"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
@@ -72,7 +72,7 @@ def test_a_worker_with_gated_tools_refuses_a_missing_or_short_secret(
     """A gate nobody could open would leave flows stalled: refused, naming the setting and
     the gated tools, without echoing the secret."""
     line = _refusal(_worker(tmp_path, pg_url, secret))
-    assert "SAGAWORKER_APPROVAL_SECRET" in line and "tests.app.ship" in line
+    assert "SAGAWORKER_APPROVAL_SECRET" in line and "tests.apps.cluster.ship" in line
     assert "token_urlsafe" in line
     if secret:
         assert secret not in line
@@ -135,3 +135,31 @@ def test_a_producer_on_sqlite_gets_the_same_one_line_errors(tmp_path: Path, case
     with pytest.raises(ConfigurationError,
                        match="cannot reach" if case == "missing folder" else "db upgrade"):
         sw.begin("s-1")
+
+
+def test_worker_refuses_to_start_with_a_pickle_serializer(tmp_path: Path) -> None:
+    """A real `celery worker` on an app configured with pickle exits 3 and names it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(PYTHONPATH=str(ROOT), TESTS_CONFIG_APP_WORKER="1", TESTS_APP_WORKER="0",
+               TEST_TASK_SERIALIZER="pickle", SAGAWORKER_BROKER_URL="memory://",
+               SAGAWORKER_DATABASE_URL=f"sqlite:///{tmp_path / 'p.db'}",
+               SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"))
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.apps.configured", "worker",
+                           "-P", "solo", "--without-mingle", "--without-gossip"],
+                          env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 3, err[-2000:]
+    assert "refusing to start the worker" in err and "task_serializer='pickle'" in err
+
+
+def test_worker_refuses_to_start(tmp_path: Path) -> None:
+    """A worker whose tools fail validation exits non-zero at boot, naming the tool."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
+    env.update(PYTHONPATH=str(ROOT), SAGAWORKER_DATABASE_URL=f"sqlite:///{tmp_path / 'b.db'}",
+               SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"))
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.apps.bad", "worker",
+                           "-c", "1", "--without-mingle", "--without-gossip"],
+                          env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "reserve_inventory" in err and "release_inventory" in err

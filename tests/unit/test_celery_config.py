@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -206,18 +203,3 @@ def test_early_acks_refused_only_where_they_reach_tool_tasks(tmp_path: Path) -> 
     assert "acks_late=False" in problems[0] and "early" in problems[0]
     assert "reject_on_worker_lost=False" in problems[1] and "dropped" in problems[1]
     assert "serializer='pickle'" in problems[2] and "pickled" in problems[2]
-
-
-def test_worker_refuses_to_start_with_a_pickle_serializer(tmp_path: Path) -> None:
-    """A real `celery worker` on an app configured with pickle exits 3 and names it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
-    env.update(PYTHONPATH=str(ROOT), TESTS_CONFIG_APP_WORKER="1", TESTS_APP_WORKER="0",
-               TEST_TASK_SERIALIZER="pickle", SAGAWORKER_BROKER_URL="memory://",
-               SAGAWORKER_DATABASE_URL=f"sqlite:///{tmp_path / 'p.db'}",
-               SAGAWORKER_BROKER_FOLDER=str(tmp_path / "broker"))
-    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.config_app", "worker",
-                           "-P", "solo", "--without-mingle", "--without-gossip"],
-                          env=env, cwd=tmp_path, capture_output=True, timeout=60)
-    err = proc.stderr.decode()
-    assert proc.returncode == 3, err[-2000:]
-    assert "refusing to start the worker" in err and "task_serializer='pickle'" in err

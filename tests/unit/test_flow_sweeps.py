@@ -135,3 +135,35 @@ def test_a_flow_error_journals_no_redacted_value(tmp_path: Path) -> None:
     assert rec.reason == "the flow raised ValueError: order o-1: card [REDACTED] refused"
     assert rec.flow_args == ["o-1", card]
     assert card not in repr(logs)
+
+
+#: what the flow below does on its next replay ("ask": the step; "raise": a new version
+#: of its code raises before asking for the step its first run journaled)
+REPLAY = {"then": "ask"}
+
+
+def changed(s: FlowContext, n: int) -> int:
+    if REPLAY["then"] == "raise":
+        raise RuntimeError("a new deploy's code raises here")
+    return int(s.call("tests.unit.test_flow_sweeps.plain", n))
+
+
+def test_a_replay_that_raises_before_asking_for_a_journaled_step_diverged(
+        flow_sw: tuple[Sagaworker, FlowBus]) -> None:
+    """A replay that raises before it has asked for every step the journal holds fails
+    the saga with `flow diverged at step N` and `flow_diverged`, not as the flow's own
+    error."""
+    sw, _ = flow_sw
+    sw.flow()(changed)
+    REPLAY["then"] = "ask"
+    sw.start("ch-1", changed, 7)
+    sw.flows.advance("ch-1")  # journals step 1
+    assert [e.seq for e in sw.inspect("ch-1").entries] == [1]
+    REPLAY["then"] = "raise"
+    with capture_logs() as logs:
+        sw.flows.advance("ch-1")
+    rec = sw.inspect("ch-1")
+    assert (rec.reason or "").startswith("flow diverged at step 1: the journal holds "
+                                         "tests.unit.test_flow_sweeps.plain(7)")
+    assert "raised RuntimeError before asking for it" in (rec.reason or "")
+    assert [e["event"] for e in logs if e["event"] == "flow_diverged"] == ["flow_diverged"]

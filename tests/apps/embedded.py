@@ -1,6 +1,6 @@
 """The app of the embedded-default contention test: tools that touch nothing but the journal.
 
-(tests/app.py's tools write an oracle ledger into the same database with a plain engine,
+(tests/apps/cluster.py's tools write an oracle ledger into the same database with a plain engine,
 whose own locking would be measured instead of the journal's.)
 """
 
@@ -11,7 +11,7 @@ from celery import Celery
 from sagaworker import CompensationContext, Sagaworker, Settings
 
 settings = Settings()
-app = Celery("tests.sqlite_app")
+app = Celery("tests.apps.embedded")
 app.conf.broker_url = settings.broker_url
 sw = Sagaworker(app, settings=settings)
 

@@ -1,7 +1,7 @@
 """A producer that dies between the INTENT commit and the publish (the outbox case).
 
-Usage: python -m tests.producer_crash SAGA_ID KEY  (settings from SAGAWORKER_* variables)
-       python -m tests.producer_crash --many ID1 ID2 ...  (journals each, publishes none)
+Usage: python -m tests.apps.producer_crash SAGA_ID KEY  (settings from SAGAWORKER_* variables)
+       python -m tests.apps.producer_crash --many ID1 ID2 ...  (journals each, publishes none)
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tests.app import build
+from tests.apps.cluster import build
 
 
 def main() -> None:
@@ -17,8 +17,8 @@ def main() -> None:
     if sys.argv[1] == "--many":
         sw.producer.publish = lambda *_: False  # type: ignore[method-assign]
         for saga_id in sys.argv[2:]:
-            sw.begin(saga_id).enqueue(sw.registry.tool("tests.app.step").task, saga_id, "s1",
-                                      sleep=0.05)
+            step = sw.registry.tool("tests.apps.cluster.step").task
+            sw.begin(saga_id).enqueue(step, saga_id, "s1", sleep=0.05)
         os._exit(17)
     saga_id, key = sys.argv[1], sys.argv[2]
 
@@ -27,7 +27,7 @@ def main() -> None:
 
     sw.producer.publish = die  # type: ignore[method-assign]
     saga = sw.begin(saga_id)
-    saga.enqueue(sw.registry.tool("tests.app.step").task, key, "orphaned")
+    saga.enqueue(sw.registry.tool("tests.apps.cluster.step").task, key, "orphaned")
 
 
 if __name__ == "__main__":

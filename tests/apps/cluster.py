@@ -117,38 +117,38 @@ class NotJson:
 
 def three_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0) -> dict[str, Any]:
     """a, b, c one after the other; step ``fail_at`` fails; b takes ``sleep`` seconds."""
-    a = s.call("tests.app.step", key, "a", fail=fail_at == 1)
-    b = s.call("tests.app.step", key, "b", fail=fail_at == 2, sleep=sleep)
-    c = s.call("tests.app.step", key, "c", fail=fail_at == 3)
+    a = s.call("tests.apps.cluster.step", key, "a", fail=fail_at == 1)
+    b = s.call("tests.apps.cluster.step", key, "b", fail=fail_at == 2, sleep=sleep)
+    c = s.call("tests.apps.cluster.step", key, "c", fail=fail_at == 3)
     return {"a": a, "b": b, "c": c}
 
 
 def fan_out(s: FlowContext, key: str) -> list[Any]:
     """Three steps at once, gathered, then one more that uses their results."""
-    handles = [s.enqueue("tests.app.step", key, n) for n in ("x", "y", "z")]
+    handles = [s.enqueue("tests.apps.cluster.step", key, n) for n in ("x", "y", "z")]
     got = s.gather(*handles)
-    return [*got, s.call("tests.app.step", key, "after-" + "-".join(got))]
+    return [*got, s.call("tests.apps.cluster.step", key, "after-" + "-".join(got))]
 
 
 def gated_flow(s: FlowContext, key: str, parcel: str) -> str:
     """A step, then the IRREVERSIBLE ship behind its approval gate."""
-    s.call("tests.app.step", key, "a")
-    return str(s.call("tests.app.ship", key, parcel))
+    s.call("tests.apps.cluster.step", key, "a")
+    return str(s.call("tests.apps.cluster.ship", key, parcel))
 
 
 def catches_failure(s: FlowContext, key: str) -> str:
     """Catches ToolFailed and carries on: the saga compensates all the same (SPEC 12)."""
-    s.call("tests.app.step", key, "a")
+    s.call("tests.apps.cluster.step", key, "a")
     try:
-        s.call("tests.app.step", key, "b", fail=True)
+        s.call("tests.apps.cluster.step", key, "b", fail=True)
     except ToolFailed:
-        s.call("tests.app.step", key, "never")
+        s.call("tests.apps.cluster.step", key, "never")
     return "caught"
 
 
 def load_flow(s: FlowContext, key: str, fail: bool = False, sleep: float = 0.0) -> list[str]:
     """The fault suite's flow: three steps one after the other, the last failing on demand."""
-    return [s.call("tests.app.step", key, f"s{n}", sleep=sleep, fail=fail and n == 3)
+    return [s.call("tests.apps.cluster.step", key, f"s{n}", sleep=sleep, fail=fail and n == 3)
             for n in (1, 2, 3)]
 
 
@@ -158,7 +158,7 @@ FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow)
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     """The test app: the same tools in the worker and in the test process (the producer)."""
     settings = settings or Settings()
-    app = Celery("tests.app")
+    app = Celery("tests.apps.cluster")
     app.conf.task_default_queue = os.environ.get("TEST_DEFAULT_QUEUE", "celery")
     app.conf.broker_url = settings.broker_url
     sw = Sagaworker(app, settings=settings)

@@ -14,7 +14,7 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from sagaworker import CompensationContext, Sagaworker, Settings
-from tests.app import _url, record
+from tests.apps.cluster import _url, record
 
 
 def celery_config(broker_url: str) -> type:
@@ -36,7 +36,7 @@ def celery_config(broker_url: str) -> type:
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     settings = settings or Settings()
-    app = Celery("tests.config_app")
+    app = Celery("tests.apps.configured")
     sw = Sagaworker(app, settings=settings)
     app.config_from_object(celery_config(settings.broker_url))  # after Sagaworker(app)
     if not _url:

@@ -6,7 +6,7 @@ from celery import Celery
 
 from sagaworker import CompensationContext, Sagaworker
 
-app = Celery("tests.bad_app")
+app = Celery("tests.apps.bad")
 sw = Sagaworker(app)
 
 

@@ -34,12 +34,12 @@ def test_producer_worker_and_readers_share_one_sqlite_journal(
     for k, v in env.items():
         if k.startswith("SAGAWORKER_"):
             monkeypatch.setenv(k, v)
-    sys.modules.pop("tests.sqlite_app", None)
-    mod = importlib.import_module("tests.sqlite_app")
+    sys.modules.pop("tests.apps.embedded", None)
+    mod = importlib.import_module("tests.apps.embedded")
     sw, work = mod.sw, mod.work
     sw.journal  # noqa: B018 - creates the embedded journal's tables before the worker
     log = tmp_path / "worker.log"
-    proc = start_worker("tests.sqlite_app", env, log, concurrency=2)
+    proc = start_worker("tests.apps.embedded", env, log, concurrency=2)
     stop = threading.Event()
     errors: list[str] = []
     finished: list[tuple[str, SagaStatus, SagaStatus]] = []
