@@ -32,7 +32,6 @@ def pg_sw(pg_url: str) -> Iterator[Sagaworker]:
     sw.journal.engine.dispose()
 
 
-@pytest.mark.parametrize("lapsed", [False, True])
 def _waiting_on_locks(sw: Sagaworker) -> int:
     """Sessions of the journal's database that wait for a row lock now."""
     with sw.journal.engine.connect() as conn:
@@ -41,6 +40,7 @@ def _waiting_on_locks(sw: Sagaworker) -> int:
             "AND wait_event_type = 'Lock'").scalar() or 0)
 
 
+@pytest.mark.parametrize("lapsed", [False, True])
 def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed: bool) -> None:
     """Deliveries released together from the saga row lock: exactly one runs the tool."""
     saga_id = uid("claim")

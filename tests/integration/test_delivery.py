@@ -194,7 +194,7 @@ def test_an_unjournalable_result_is_executed_and_undone(crash_cluster: Cluster) 
     saga = c.sw.begin(key)
     saga.enqueue(c.tool("step"), key, "a").result(timeout=T)
     step = saga.enqueue(c.tool("returns_object"), key)
-    with pytest.raises(ToolFailed, match=r"result is not JSON: tests\.app\.NotJson"):
+    with pytest.raises(ToolFailed, match=r"result is not JSON: tests\.apps\.cluster\.NotJson"):
         step.result(timeout=T)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
