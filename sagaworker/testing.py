@@ -129,7 +129,6 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     plan = _Plan()
     rt = sw.rt
     folder = Path(tempfile.mkdtemp(prefix="sagaworker-harness-"))
-    saved = (rt._engine, rt._journal, rt._machine, rt.settings, rt.bus)
     saved_fns = {n: s.fn for n, s in sw.registry.tools.items()}
     saved_undos = {k: u.fn for k, u in sw.registry.undos.items()}
     real_enqueue = sw.producer.enqueue
@@ -139,11 +138,11 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     journal.create_all()
     for hook in sw.upgrade_hooks:  # the app's own tables (sw.on_upgrade)
         hook(url)
-    rt.use(journal, sw.settings.model_copy(update={
+    stack = contextlib.ExitStack()  # the runtime's journal, settings and bus, given back
+    stack.enter_context(rt.borrowed(journal, sw.settings.model_copy(update={
         "compensation_backoff": 0.0, "database_url": url,
         "approval_secret": sw.settings.approval_secret
-        or SecretStr(secrets.token_urlsafe(32))}))
-    rt.bus = _InProcessBus(sw, plan, engine)
+        or SecretStr(secrets.token_urlsafe(32))}), _InProcessBus(sw, plan, engine)))
     sw.ensure_valid()
     for name, spec in sw.registry.tools.items():
         spec.fn = _spy_tool(plan, name, spec.fn)
@@ -177,7 +176,7 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
         for key, fn in saved_undos.items():
             sw.registry.undos[key].fn = fn
         del sw.producer.enqueue
-        rt._engine, rt._journal, rt._machine, rt.settings, rt.bus = saved
+        stack.close()
         engine.dispose()
         shutil.rmtree(folder, ignore_errors=True)  # one throwaway journal per call, not kept
 

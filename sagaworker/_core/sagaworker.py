@@ -53,13 +53,13 @@ class Sagaworker:
         self.registry = Registry()
         self.bus = CeleryBus(app, self.registry, lambda: self.rt.settings)
         self.rt = Runtime(base, self.registry, self.bus)
-        self.executor = Executor(self.rt)
-        self.compensator = Compensator(self.rt, self.executor.heartbeat)
+        # the one place the parts are assembled, each given what it uses
         self.producer = Producer(self.rt)
         self.flows = Flows(self.rt, self.producer)
-        self.executor.advance = self.flows.advance
+        self.executor = Executor(self.rt, advance=self.flows.advance)
+        self.compensator = Compensator(self.rt, self.executor.heartbeat)
         self.gate = Gate(self.rt)
-        self.sweeper = Sweeper(self.rt, self.flows)
+        self.sweeper = Sweeper(self.rt)
         self.wiring = CeleryWiring(self)
         #: the app's own schema steps (``on_upgrade``), run after the journal's migrations
         self.upgrade_hooks: list[Callable[[str], None]] = []
@@ -83,10 +83,6 @@ class Sagaworker:
     def machine(self) -> Machine:
         """The state machine: every move of a saga, a step and an undo."""
         return self.rt.machine
-
-    @property
-    def _engine(self) -> Any:
-        return self.rt._engine
 
     def dispose_engine(self) -> None:
         """After a fork: never share the parent's pooled connections."""

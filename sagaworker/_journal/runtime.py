@@ -4,7 +4,9 @@ imports another's owner (no import circles)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from .._base.crypto import Cipher, attach, cipher_of
@@ -111,6 +113,21 @@ class Runtime:
             self._engine, self._journal = journal.engine, journal
             attach(self._engine, self.cipher)
             self._machine = Machine(journal, self.settings)
+
+    @contextlib.contextmanager
+    def borrowed(self, journal: Journal, settings: Settings, bus: Bus) -> Iterator[None]:
+        """Point at another journal, settings and bus for a while (the testing harness's
+        throwaway journal); everything is as it was afterwards."""
+        with self._lock:
+            saved = (self._engine, self._journal, self._machine, self.settings, self.bus)
+        self.use(journal, settings)
+        self.bus = bus
+        try:
+            yield
+        finally:
+            with self._lock:
+                (self._engine, self._journal, self._machine, self.settings,
+                 self.bus) = saved
 
     def reset_engine(self) -> None:
         """Forget the journal's engine: the next use makes one from the settings."""

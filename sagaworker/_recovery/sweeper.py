@@ -22,7 +22,6 @@ from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe.logging import get_logger
-from .._worker.flows import Flows
 
 __all__ = ["Sweeper"]
 
@@ -34,9 +33,8 @@ _OPEN = list(OPEN_VALUES)
 
 
 class Sweeper:
-    def __init__(self, rt: Runtime, flows: Flows | None = None) -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.flows = flows
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
         return [entry_record(r) for r in self.rt.journal.orphans(older_than)]

@@ -120,12 +120,12 @@ class Failures:
 
 
 class Executor:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, *, advance: Callable[[str], None] | None = None) -> None:
         self.rt = rt
         self.failures = Failures(rt, self.fail_step)
         self.heartbeat = Heartbeat(rt)
         #: called with a flow saga's id once one of its steps is EXECUTED
-        self.advance: Callable[[str], None] | None = None
+        self.advance = advance
 
     def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = task.sagaworker_spec

@@ -97,8 +97,7 @@ def make_sw(db_url: str) -> Iterator[Any]:
 
     yield make
     for sw in made:
-        if sw.rt._engine is not None:
-            sw.rt._engine.dispose()
+        sw.rt.reset_engine()  # its connections closed before the database is dropped
 
 
 def run_step(sw: Sagaworker, saga_id: str, seq: int, tool: str, result: Any) -> None:
