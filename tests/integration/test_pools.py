@@ -1,20 +1,20 @@
 """The core saga lifecycle on the other Celery pools: a ``-P threads`` and a ``-P solo``
-worker (SPEC 6: the guarantees hold for every pool). test_core.py covers prefork on both
-brokers; this is a focused subset on RabbitMQ, one worker per pool and module:
-a completing saga, a failure undone in reverse, a failing undo with the chain going on,
-the late-arrival order, an approval gate, and flows (the worker carries them).
+worker (the guarantees hold for every pool). test_core.py covers prefork on both brokers;
+here, on RabbitMQ, one worker per pool and module: test_core's completing saga, failure
+undone in reverse and failing undo (the same functions, with this module's ``cluster``),
+and the late-arrival order, an approval gate and flows as each pool runs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from sagaworker import OutcomeResult, Phase, SagaStatus
+from sagaworker import Phase, SagaStatus
 from tests.apps.cluster import fan_out, three_steps
 from tests.conftest import BROKERS, Cluster, _broker, need, new_settings, uid, wait_for
+from tests.integration import test_core as core
 
 pytestmark = pytest.mark.services
 T = 60
@@ -45,64 +45,22 @@ def pool_cluster(request: pytest.FixtureRequest, pg_url: str,
     c.cleanup_queues()
 
 
+@pytest.fixture(scope="module")
+def cluster(pool_cluster: PoolCluster) -> PoolCluster:
+    """The core tests below, written once in test_core.py, run on each pool's worker."""
+    return pool_cluster
+
+
+# test_core's lifecycle tests, collected here again with the pools' ``cluster``
+test_completing_saga = core.test_completing_saga
+test_failure_at_each_step_undoes_executed_in_reverse = (
+    core.test_failure_at_each_step_undoes_executed_in_reverse)
+test_failing_undo_leaves_dirty_state_and_the_chain_goes_on = (
+    core.test_failing_undo_leaves_dirty_state_and_the_chain_goes_on)
+
+
 def undone(c: Cluster, key: str) -> list[str]:
     return [r.tool for r in c.ledger(key) if r.kind == "undo"]
-
-
-def test_completing_saga(pool_cluster: PoolCluster) -> None:
-    c = pool_cluster
-    key = uid("k")
-    step = c.tool("step")
-    res = c.sw.saga(key, lambda s: [s.call(step, key, n) for n in ("a", "b", "c")], timeout=T)
-    assert res.status is SagaStatus.COMPLETED
-    assert res.value == ["a-done", "b-done", "c-done"]
-    assert [e.phase for e in c.sw.inspect(key).entries] == [Phase.EXECUTED] * 3
-    assert [(r.kind, r.tool) for r in c.ledger(key)] == [("effect", n) for n in "abc"]
-    assert res.report.outcomes == []
-
-
-def test_failure_at_a_step_undoes_executed_in_reverse(pool_cluster: PoolCluster) -> None:
-    c = pool_cluster
-    key = uid("k")
-    step = c.tool("step")
-
-    def work(s: Any) -> None:
-        for n in ("a", "b", "c"):
-            s.call(step, key, n, fail=(n == "c"))
-
-    res = c.sw.saga(key, work, timeout=T)
-    assert res.status is SagaStatus.COMPENSATED
-    assert undone(c, key) == ["b", "a"]
-    assert [o.seq for o in res.report.outcomes] == [2, 1]
-    assert all(o.result is OutcomeResult.COMPENSATED for o in res.report.outcomes)
-    failed = c.sw.inspect(key).entries[2]
-    assert failed.phase is Phase.FAILED and failed.compensation is None
-
-
-def test_failing_undo_leaves_dirty_state_and_the_chain_goes_on(
-        pool_cluster: PoolCluster) -> None:
-    c = pool_cluster
-    key = uid("k")
-    step, broken = c.tool("step"), c.tool("broken_undo_step")
-
-    def work(s: Any) -> None:
-        s.call(step, key, "a")
-        s.call(broken, key, "b")
-        s.call(step, key, "c", fail=True)
-
-    res = c.sw.saga(key, work, timeout=T)
-    assert res.status is SagaStatus.COMPENSATION_FAILED
-    assert [(o.tool_name.rsplit(".", 1)[-1], o.result) for o in res.report.outcomes] == [
-        ("broken_undo_step", OutcomeResult.COMPENSATION_FAILED),
-        ("step", OutcomeResult.COMPENSATED)]
-    assert [o.seq for o in res.report.dirty] == [2]
-    tries = [r for r in c.ledger(key) if r.kind == "undo_try"]
-    assert [r.detail["attempt"] for r in tries] == [1, 2, 3]
-    assert len({r.detail["idempotency_key"] for r in tries}) == 1
-    assert undone(c, key) == ["a"]
-    crit = wait_for(lambda: [e for e in c.events(key)
-                             if e["event"] == "saga_compensation_failed"], 10, "alert line")
-    assert crit[0]["dirty_tools"] == ["tests.apps.cluster.broken_undo_step"]
 
 
 def test_step_executed_after_compensation_began_is_undone_first(
