@@ -20,8 +20,8 @@ from kombu.utils.json import object_hook as _kombu_hook
 
 from .errors import BadInput
 
-__all__ = ["args_digest", "bad_argument", "canonical_args", "check_json", "from_wire", "not_json",
-           "to_wire"]
+__all__ = ["RESERVED_KEY", "args_digest", "bad_argument", "canonical_args", "check_json",
+           "check_text", "from_wire", "not_json", "storable", "to_wire"]
 
 _NATIVE = (str, int, float, bool, type(None))
 
@@ -78,16 +78,28 @@ def not_json(value: Any) -> str | None:
         return "structure nested too deeply"
 
 
+#: the one key of an encrypted journal value (``crypto.MARKER``): reserved in user data
+RESERVED_KEY = "$sagaworker_enc"
+
+
 def _tag_problem(value: Any) -> str | None:
-    """A dict shaped like kombu's type tag that kombu cannot decode: it would journal, but
-    no read of it would work (kombu raises on an unknown ``__type__``)."""
+    """What would journal but never read back: a dict shaped like kombu's type tag that
+    kombu cannot decode (kombu raises on an unknown ``__type__``), a dict holding the
+    encrypted-value key, a string with a NUL (PostgreSQL's JSON has no such character)."""
     t = type(value)
+    if t is str:
+        return "string with a NUL character" if "\x00" in value else None
     if t is dict:
         if len(value) == 2 and "__type__" in value and "__value__" in value:
             try:
                 _kombu_hook(dict(value))
             except Exception:
                 return "dict shaped like kombu's type tag ({'__type__', '__value__'})"
+        if RESERVED_KEY in value:
+            return f"dict with the key {RESERVED_KEY!r}, which the journal reserves"
+        bad_key = next((k for k in value if isinstance(k, str) and "\x00" in k), None)
+        if bad_key is not None:
+            return "dict key with a NUL character"
         values: Any = value.values()
     elif t is list or t is tuple:
         values = value
@@ -152,3 +164,15 @@ def bad_argument(signature: inspect.Signature | None, args: Any, kwargs: Any) ->
         if bad is not None:
             return f"argument {key!r} holds a {bad}"
     return None
+
+
+def storable(text: str) -> str:
+    """Free text (a reason) as the journal can hold it: a NUL written as ``\\x00``."""
+    return text.replace("\x00", "\\x00")
+
+
+def check_text(value: str | None, what: str) -> None:
+    """A reason, an approver or an actor the journal can hold: no NUL character (which
+    PostgreSQL refuses with a raw error)."""
+    if value is not None and "\x00" in value:
+        raise BadInput(f"{what} holds a NUL character; remove it (nothing was changed)")

@@ -28,14 +28,14 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from .canonical import from_wire, to_wire
+from .canonical import RESERVED_KEY, from_wire, to_wire
 from .errors import ConfigurationError
 
 __all__ = ["MARKER", "SETTING", "Cipher", "SealedJSON", "attach", "cipher_for", "cipher_of",
            "is_sealed", "parse_keys"]
 
 #: the one key of the JSON object an encrypted value is stored as (reserved)
-MARKER = "$sagaworker_enc"
+MARKER = RESERVED_KEY
 SETTING = "SAGAWORKER_ENCRYPTION_KEYS"
 MAKE_KEY = ('python -c "from cryptography.fernet import Fernet; '
             'print(Fernet.generate_key().decode())"')

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Celery
 
-from .._base.canonical import check_json
+from .._base.canonical import check_json, check_text, storable
 from .._base.errors import BadInput, ConfigurationError, SagaNotFound
 from .._base.registry import Registry, ToolSpec
 from .._base.settings import Settings
@@ -190,6 +191,8 @@ class Sagaworker:
         """An operator fails a running saga; it compensates (event ``saga_aborted``)."""
         if not reason or not actor:
             raise BadInput("abort needs a reason and an actor (who decided), both non-empty")
+        check_text(actor, "the actor")
+        reason = storable(reason)
         status = self.machine.abort(saga_id, reason=reason, actor=actor)
         log.warning("saga_aborted", saga_id=saga_id, actor=actor, reason=reason,
                     status=status.value)
@@ -271,12 +274,21 @@ class Sagaworker:
 def _check_id(saga_id: Any) -> None:
     if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
         raise ConfigurationError("a saga id is a non-empty string of at most 200 characters")
+    if any(ch < " " or ch == "\x7f" for ch in saga_id):
+        raise BadInput(f"saga id {saga_id!r} holds a control character (a NUL, a line "
+                       "break...); use letters, digits and punctuation")
+
+
+#: the longest deadline accepted: ten years, in seconds
+MAX_DEADLINE = 10 * 365 * 86400.0
 
 
 def _deadline(seconds: float | None) -> float | None:
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds) or not 0 < seconds <= MAX_DEADLINE):
         raise ConfigurationError(f"deadline={seconds!r}: give a number of seconds > 0 from "
-                                 "the start of the saga, or None for no deadline")
+                                 f"the start of the saga, at most {MAX_DEADLINE:.0f} (ten "
+                                 "years), or None for no deadline")
     return float(seconds)

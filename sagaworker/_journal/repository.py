@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
+from .._base.canonical import storable
 from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
 from .._base.types import (
     OPEN_VALUES,
@@ -188,7 +189,8 @@ class Journal:
     @staticmethod
     def touch(conn: Connection, saga_id: str, **values: Any) -> None:
         conn.execute(
-            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(), **values)
+            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(),
+                                                                   **_storable(values))
         )
 
     @staticmethod
@@ -196,14 +198,15 @@ class Journal:
         stmt = (
             update(entries)
             .where(entries.c.saga_id == saga_id, entries.c.seq == seq, *where)
-            .values(updated_at=now(), **values)
+            .values(updated_at=now(), **_storable(values))
         )
         return conn.execute(stmt).rowcount
 
     def audit(self, conn: Connection, saga_id: str, seq: int | None, action: str,
               actor: str | None, detail: str | None = None) -> None:
         conn.execute(insert(audit).values(saga_id=saga_id, seq=seq, action=action,
-                                          actor=actor, detail=detail, at=now()))
+                                          **_storable({"actor": actor, "detail": detail}),
+                                          at=now()))
 
     # -- producer ----------------------------------------------------------------
 
@@ -381,3 +384,9 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str,
         "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "approval_requested_at": t if e.gated else None,
     }
+
+
+def _storable(values: dict[str, Any]) -> dict[str, Any]:
+    """Text written by a move (an error, a reason, a detail) as PostgreSQL can hold it:
+    an exception's message may carry a NUL, which would fail the move with a raw error."""
+    return {k: storable(v) if isinstance(v, str) else v for k, v in values.items()}

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from .._base.canonical import args_digest
+from .._base.canonical import args_digest, check_text, storable
 from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.settings import Settings
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
@@ -121,6 +121,8 @@ class Gate:
         if not isinstance(approver, str) or not approver.strip():
             raise BadInput("approver is required: pass approver='<who decided>' (a non-empty "
                            "string, journaled and logged with the decision); nothing changed")
+        check_text(approver, "the approver")
+        reason = None if reason is None else storable(reason)
         body = self.signer.verify(token)
         saga_id, seq = body["s"], body["q"]
 

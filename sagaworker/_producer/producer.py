@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .._base.canonical import args_digest, bad_argument, canonical_args
+from .._base.canonical import args_digest, bad_argument, canonical_args, storable
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE
@@ -92,5 +92,6 @@ class Producer:
         return self.rt.bus.publish_step(saga_id, seq, tool, args, kwargs, task_id, queue)
 
     def fail(self, saga_id: str, reason: str) -> None:
+        reason = storable(reason)  # an error's text may hold anything
         self.rt.machine.request_failure(saga_id, reason)
         self.rt.bus.send_failure(saga_id, reason)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sagaworker import ConfigurationError, Sagaworker, Settings
+from sagaworker import ConfigurationError, Sagaworker, SagaworkerError, Settings
 from tests.conftest import BROKERS, ROOT, TEST_SECRET, _broker, need
 
 pytestmark = pytest.mark.services
@@ -163,3 +163,19 @@ def test_worker_refuses_to_start(tmp_path: Path) -> None:
     assert proc.returncode != 0
     err = proc.stderr.decode()
     assert "reserve_inventory" in err and "release_inventory" in err
+
+
+def test_free_text_with_a_nul_is_journaled_on_postgresql(pg_url: str) -> None:
+    """A reason, an abort's reason, an error text holding a NUL: PostgreSQL refuses the
+    character with a raw error, so the journal writes it as ``\\x00`` instead."""
+    from celery import Celery
+
+    sw = Sagaworker(Celery("nul", broker="memory://"), settings=Settings(
+        database_url=pg_url, approval_secret=TEST_SECRET))
+    sw.rt.bus.send_failure = lambda *a, **k: True  # type: ignore[method-assign]
+    saga_id = f"nul-{uuid.uuid4().hex[:8]}"
+    sw.begin(saga_id)
+    sw.abort(saga_id, reason="card\x00declined", actor="op")
+    assert sw.inspect(saga_id).reason == "aborted by op: card\\x00declined"
+    with pytest.raises(SagaworkerError, match="NUL"):
+        sw.abort(saga_id, reason="again", actor="o\x00p")

@@ -183,3 +183,43 @@ def test_only_a_broker_error_is_deferred(tmp_path: Path) -> None:
     with capture_logs() as logs, pytest.raises(RuntimeError, match="the tool's own error"):
         sw.begin("eager-1").enqueue(explode)
     assert [e for e in logs if e["event"] == "publish_deferred"] == []
+
+
+@pytest.mark.parametrize("deadline", [float("nan"), float("inf"), -1, 0, 1e12])
+def test_a_deadline_that_is_no_number_of_seconds_is_refused(tmp_path: Path,
+                                                            deadline: float) -> None:
+    """NaN, infinite, negative and absurd deadlines: a ConfigurationError saying the range,
+    no saga journaled (they raised raw errors)."""
+    sw = _sw(tmp_path)
+    with pytest.raises(SagaworkerError, match="ten years"):
+        sw.begin("dl-1", deadline=deadline)
+    assert sw.sagas() == []
+
+
+@pytest.mark.parametrize("saga_id", ["a\x00b", "two\nlines", "tab\there"])
+def test_a_saga_id_with_a_control_character_is_refused(tmp_path: Path, saga_id: str) -> None:
+    sw = _sw(tmp_path)
+    with pytest.raises(SagaworkerError, match="control character"):
+        sw.begin(saga_id)
+    assert sw.sagas() == []
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("card\x00number", "string with a NUL character"),
+    ({"$sagaworker_enc": "gAAAA"}, "which the journal reserves"),
+    ({"k\x00": 1}, "dict key with a NUL character"),
+])
+def test_what_postgresql_or_the_journal_could_not_hold_is_refused(
+        tmp_path: Path, value: Any, named: str) -> None:
+    """A NUL (PostgreSQL's JSON has none) and the journal's encrypted-value key (the
+    dashboard, `list` and rotate-key failed on it) are refused at write time."""
+    sw = _sw(tmp_path)
+
+    @sw.tool()
+    def note(body: Any) -> None: ...
+
+    with pytest.raises(SagaworkerError, match=named):
+        sw.begin("res-1").enqueue(note, value)
+    with pytest.raises(SagaworkerError, match=named):
+        sw.begin("res-2", metadata={"m": value})
+    assert [r.entries for r in sw.sagas()] == [[]]
