@@ -1,1 +1,1 @@
-"""Benchmarks for sagaworker (issue 6). Run with ``python -m bench`` from the repo root."""
+"""Benchmarks for sagaworker. Run with ``python -m bench`` from the repo root."""

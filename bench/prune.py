@@ -1,4 +1,4 @@
-"""``python -m bench.prune``: the rate of ``sw.prune`` on PostgreSQL (issue 13, retention).
+"""``python -m bench.prune``: the rate of ``sw.prune`` on PostgreSQL (retention).
 
 One process, about half a minute. It creates its own database ``bench_prune_<run>``
 (migrated with Alembic, so the notify triggers are there), fills it with ``--entries``

@@ -104,14 +104,14 @@ def render(r: dict[str, Any]) -> str:
                    f"{_f(fo['end_to_end_speedup'], 2)}x")
     targets = target_rows(r)
     if targets:
-        out.append("\n### Issue 13 targets (ratios within this run)\n")
+        out.append("\n### Targets (ratios within this run)\n")
         out.append(_table(["figure", "value", "target", ""], targets))
     out.append(f"\nwall time {r.get('wall_seconds')} s")
     return "\n".join(out)
 
 
 def target_rows(r: dict[str, Any]) -> list[list[str]]:
-    """The table of issue 13: each figure, its target, met or missed."""
+    """The targets table: each figure, its target, met or missed."""
     rows: list[tuple[str, float, str, bool]] = []
     for broker, res in r.get("step_throughput", {}).items():
         for base, label in (("minimal", "prefetch 1"), ("minimal_pf4", "prefetch 4")):

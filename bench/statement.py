@@ -2,9 +2,9 @@
 what a single journal statement costs the client (CPU) and the caller (wall) in each form.
 
 * SQLAlchemy ``engine.begin()`` with the statement built per call (the step path before
-  issue 13; three round trips: BEGIN, the statement, COMMIT);
+  2026-12-03; three round trips: BEGIN, the statement, COMMIT);
 * ``exec_driver_sql`` on a connection in autocommit (one round trip, SQLAlchemy's execution);
-* the driver's connection from the pool in autocommit (``sagaworker/_pgfast.py``);
+* the driver's connection from the pool in autocommit (``sagaworker/_journal/pgfast.py``);
 * the driver's pipeline mode (BEGIN, statement, COMMIT in one network round trip).
 """
 

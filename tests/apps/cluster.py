@@ -113,7 +113,7 @@ class NotJson:
     pass
 
 
-# -- flows (SPEC 12): module level, so every worker imports them by name ------------------
+# -- flows: module level, so every worker imports them by name ------------------
 
 def three_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0) -> dict[str, Any]:
     """a, b, c one after the other; step ``fail_at`` fails; b takes ``sleep`` seconds."""
@@ -137,7 +137,7 @@ def gated_flow(s: FlowContext, key: str, parcel: str) -> str:
 
 
 def catches_failure(s: FlowContext, key: str) -> str:
-    """Catches ToolFailed and carries on: the saga compensates all the same (SPEC 12)."""
+    """Catches ToolFailed and carries on: the saga compensates all the same."""
     s.call("tests.apps.cluster.step", key, "a")
     try:
         s.call("tests.apps.cluster.step", key, "b", fail=True)
@@ -177,7 +177,7 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
 
     @sw.compensation
     def undo_step(ctx: CompensationContext) -> None:
-        """Idempotent, as SPEC 4 asks of undos: keyed by ``ctx.idempotency_key``, so a try
+        """Idempotent, as every undo must be: keyed by ``ctx.idempotency_key``, so a try
         repeated after a crash (effect applied, outcome not yet journaled) changes nothing."""
         if os.environ.get("TEST_UNDO_SLEEP"):
             time.sleep(float(os.environ["TEST_UNDO_SLEEP"]))

@@ -4,7 +4,7 @@ The oracle is the ledger the test tools write themselves (tests/apps/cluster.py)
 when a tool's effect happens, an undo row when its undo is applied. The journal is checked
 against it, never against itself.
 
-The test undo is idempotent, as SPEC 4 asks of every undo: it applies under its
+The test undo is idempotent, as every undo must be: it applies under its
 ``idempotency_key``, and a try repeated after a crash (the undo ran, its worker died before
 the outcome committed) is written as a ``repeat`` row and changes nothing. Repeats are
 counted (``undo_retries``), never accepted as a second undo, and each must carry its own

@@ -190,7 +190,7 @@ def test_ten_failure_messages_on_two_workers_give_one_chain(cluster: Cluster) ->
 
 def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> None:
     """A step still running when the chain began is undone once EXECUTED, and first: the
-    chain waits for it, then undoes latest-EXECUTED first (SPEC 4, late arrivals)."""
+    chain waits for it, then undoes latest-EXECUTED first (late arrivals)."""
     key = uid("k")
     step = cluster.tool("step")
     saga = cluster.sw.begin(key)
@@ -204,7 +204,7 @@ def test_step_executed_after_compensation_began_is_undone(cluster: Cluster) -> N
     assert cluster.sw.inspect(key).entries[1].phase is Phase.INTENT  # still running
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
-    # latest first, the late arrival included (SPEC 4): never the forward order
+    # latest first, the late arrival included: never the forward order
     assert [r.tool for r in cluster.ledger(key) if r.kind == "undo"] == ["slow", "fast"]
     assert [o.seq for o in res.report.outcomes] == [2, 1]
     assert res.error == "cancelled by customer"

@@ -163,7 +163,7 @@ def test_undo_longer_than_its_lease_runs_once(crash_cluster: Cluster) -> None:
 
 def test_undo_killed_before_its_outcome_committed_is_tried_again(
         crash_cluster: Cluster) -> None:
-    """SPEC 4: the undo ran, its process died before COMPENSATED committed. The undo is
+    """The undo ran, its process died before COMPENSATED committed. The undo is
     tried again (attempt 2, the same idempotency key), so it must be idempotent; the
     outcome is journaled once."""
     c = crash_cluster

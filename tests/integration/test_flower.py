@@ -1,7 +1,7 @@
 """A real Flower 2.x against a real worker (events on, ``-E``) on RabbitMQ and PostgreSQL:
 with SAGAWORKER_REDACT=card in the worker and the producer, Flower lists sagaworker's tool
 tasks with the redacted arguments, and the secrets appear nowhere in its API's answers
-(SPEC 7: task events carry the redacted form, so Flower shows no secret).
+(task events carry the redacted form, so Flower shows no secret).
 """
 
 from __future__ import annotations

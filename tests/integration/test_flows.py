@@ -1,4 +1,4 @@
-"""Durable flows (SPEC 12) on real PostgreSQL, RabbitMQ/Redis and worker processes."""
+"""Durable flows on real PostgreSQL, RabbitMQ/Redis and worker processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Regression tests for the state-machine defects of issue 10, through real worker processes.
+"""Regression tests for the state machine's defects (docs/reliability.md), through real
+worker processes.
 
 Each test drives a real `celery worker` on PostgreSQL and RabbitMQ or Redis, and reads what
 really happened from the oracle ledger the test tools write (tests/apps/cluster.py). A fault test

@@ -66,7 +66,7 @@ def undone(c: Cluster, key: str) -> list[str]:
 def test_step_executed_after_compensation_began_is_undone_first(
         pool_cluster: PoolCluster) -> None:
     """A step still running when the saga is failed is undone once EXECUTED, and first
-    (SPEC 4, late arrivals). On solo the failure message waits behind the running step;
+    (late arrivals). On solo the failure message waits behind the running step;
     the order is the same."""
     c = pool_cluster
     key = uid("k")
@@ -109,7 +109,7 @@ def test_approval_gate_holds_until_approved_then_runs(pool_cluster: PoolCluster)
 
 
 def test_flows_complete_and_compensate(pool_cluster: PoolCluster) -> None:
-    """Flows (SPEC 12) are advanced by worker tasks: a fan-out with gather completes,
+    """Flows are advanced by worker tasks: a fan-out with gather completes,
     a flow failing at its last step undoes the others in reverse."""
     c = pool_cluster
     key = uid("f")

@@ -2,7 +2,7 @@
 
 A step not started ``relay_after`` seconds after its INTENT is either lost or waiting in
 its queue behind others. Resending the waiting ones multiplied a backlog (found while
-profiling issue 13: 1,714 resends for 1,000 steps queued behind one slow worker), so the
+profiling: 1,714 resends for 1,000 steps queued behind one slow worker), so the
 relay leaves alone the steps of a queue that holds messages, and resends them once it
 has drained.
 """

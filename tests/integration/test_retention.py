@@ -1,4 +1,4 @@
-"""Retention (SPEC 9 `db prune`, `sw.prune`): each rule on SQLite and on PostgreSQL."""
+"""Retention (`db prune`, `sw.prune`): each rule on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A model checker for the journal's state machine (issue 10).
+"""A model checker for the journal's state machine.
 
 Hypothesis drives the REAL moves (``sagaworker._journal.machine.Machine``, the producer, the gate,
 the sweeper) against a real database through interleavings of: delivery, duplicate

@@ -1,4 +1,4 @@
-"""sagaworker's Celery settings hold however and whenever the app is configured (SPEC 8)."""
+"""sagaworker's Celery settings hold however and whenever the app is configured."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The deploy story (issue 11), with real processes: the example web app on gunicorn (the
+"""The deploy story, with real processes: the example web app on gunicorn (the
 Procfile's ``web`` line), a real ``sagaworker worker``, PostgreSQL and RabbitMQ.
 
 The web app starts each order's flow and returns; killing it (``kill -9``, not a graceful
