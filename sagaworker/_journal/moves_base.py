@@ -1,17 +1,6 @@
-"""What every move of the state machine shares: the results moves answer with, tokens,
-the lease, and the small moves several machines perform (doubt, cancel, a failure request).
-
-Rules every method keeps:
-- it locks the saga row first, then entry rows (the one lock order: no deadlocks), except
-  the two single-statement hot paths (claim and EXECUTED) whose one statement is the
-  compare-and-set;
-- a forward attempt and an undo try are fenced by a random token taken when they are
-  claimed: heartbeat, release, outcome and failure match on it, so a stale attempt, a late
-  heartbeat or a duplicate delivery never writes over a newer one;
-- tokens are made by the caller, outside the transaction, so a transaction replayed after
-  a lost COMMIT (``retrying``) recognises its own write and answers as the first time did;
-- leases are measured on the database's clock (``db_now``/``db_later``).
-"""
+"""What every machine's moves share: the results moves answer with, tokens, the lease,
+and the small moves several machines perform (doubt, cancel, a failure request). The rules
+every move keeps are in ``machine``'s docstring and ``docs/design.md``."""
 
 from __future__ import annotations
 
