@@ -32,7 +32,6 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +39,8 @@ from pydantic import SecretStr
 from sqlalchemy import update
 
 from ._base.types import ENVELOPE, SagaResult, SagaStatus
-from ._journal.dialect import make_engine
-from ._journal.repository import Journal, now
+from ._journal.dialect import db_later, make_engine
+from ._journal.repository import Journal
 from ._journal.schema import entries
 from ._recovery.compensation import current_compensation
 from ._worker.flows import replay
@@ -102,7 +101,7 @@ class _InProcessBus:
             with self.engine.begin() as conn:
                 conn.execute(update(entries).where(entries.c.saga_id == saga_id,
                                                    entries.c.seq == seq)
-                             .values(lease_until=now() - timedelta(seconds=1)))
+                             .values(lease_until=db_later(-1)))
             self.plan.crash = False
             spec.task.apply(args=list(args), kwargs=message, task_id=task_id)
         return True

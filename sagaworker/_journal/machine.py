@@ -1,7 +1,7 @@
 """The state machine: every move of the lifecycle table (``lifecycle.MOVES``) performed
 as one guarded compare-and-set transaction by one function that names its row
-(``@performs``): a saga's moves in ``saga_moves``, a step's in ``step_moves``, an undo's
-in ``undo_moves``.
+(``@performs``): a saga's moves in ``saga_moves``, a step's in ``step_moves``, a gate's
+in ``gate_moves``, an undo's in ``undo_moves``.
 
 Rules every move keeps (``docs/design.md`` says why):
 - it locks the saga row first, then entry rows (the one lock order: no deadlocks), except
@@ -12,11 +12,17 @@ Rules every move keeps (``docs/design.md`` says why):
   heartbeat or a duplicate delivery never writes over a newer one;
 - tokens are made by the caller, outside the transaction, so a transaction replayed after
   a lost COMMIT (``@retrying``) recognises its own write and answers as the first time did;
-- leases are measured on the database's clock (``db_now``/``db_later``).
+- every stamp is the database's clock (``db_now``/``db_later``): leases, deadlines, the
+  sweeper's conditions; no two hosts' clocks are ever compared. Progress is counted, not
+  timed (a flow's advance records how many outcomes its replay read);
+- a move that decides for someone else (a step found in doubt or cancelled, a saga asked
+  to fail by an abort or a deadline, a gate decided) writes its caller's token on the
+  row, so its replay reports what it found (events included), never a second time.
 """
 
 from __future__ import annotations
 
+from .gate_moves import GateMoves
 from .moves_base import (
     Claim,
     Executed,
@@ -35,5 +41,5 @@ __all__ = ["Claim", "Executed", "Held", "Machine", "Start", "UndoClaim", "UndoSt
            "new_token", "worker_label"]
 
 
-class Machine(SagaMoves, StepMoves, UndoMoves):
+class Machine(SagaMoves, StepMoves, GateMoves, UndoMoves):
     """Every move that changes a status, a phase, an attempt or an undo try."""

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from sqlalchemy import select
+
 from .._base.settings import Settings
 from .._base.types import OPEN, OPEN_VALUES, Phase, SagaStatus
 from .dialect import db_now
 from .lifecycle import move, performs
-from .repository import Journal, now
-from .schema import entries
+from .repository import Journal
+from .schema import entries, sagas
 
 __all__ = ["Claim", "Executed", "Held", "MoveBase", "Start", "UndoClaim", "UndoState",
            "new_token", "worker_label"]
@@ -51,6 +53,8 @@ class Claim:
     row: Any = None
     saga_status: SagaStatus | None = None
     rerun: bool = False
+    #: this claim found the saga past its deadline and asked it to fail
+    overdue: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,28 +113,46 @@ class MoveBase:
     def lease(self) -> float:
         return self.settings.lease_seconds
 
+    def _overdue(self, conn: Any, saga: Any) -> bool:
+        """The saga's deadline passed, on the database's clock."""
+        if saga is None or saga.deadline_at is None:
+            return False
+        return conn.execute(select(sagas.c.saga_id).where(
+            sagas.c.saga_id == saga.saga_id, sagas.c.deadline_at <= db_now())).first() is not None
+
     @performs("step", "doubt")
     def _doubt(self, conn: Any, saga_id: str, seq: int, token: str | None, exhausted: bool,
-               reruns: int) -> None:
-        """Move ``doubt``: the attempt's worker was lost before an outcome."""
+               reruns: int, *, by: str) -> int:
+        """Move ``doubt``: the attempt's worker was lost before an outcome (found by the
+        move whose token is ``by``)."""
         why = (f"in doubt: the attempt's worker was lost before an outcome was journaled, "
                f"on each of {reruns + 1} attempts (SAGAWORKER_MAX_RERUNS); the effect may or "
                "may not have happened" if exhausted else
                "in doubt: the attempt's worker was lost before an outcome was journaled; "
                "the effect may or may not have happened")
-        self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
-                         phase=move("step", "doubt").target, in_doubt=True, lease_until=None,
-                         attempt_token=token, error=why)
+        # only if the attempt is still the one read and its lease still lapsed (a late
+        # heartbeat may have revived it): 0 when it did
+        return int(self.j.set_entry(
+            conn, saga_id, seq, entries.c.phase == _INTENT,
+            entries.c.attempt_token.is_not_distinct_from(token),
+            entries.c.lease_until.is_(None) | (entries.c.lease_until < db_now()),
+            phase=move("step", "doubt").target, in_doubt=True, lease_until=None,
+            attempt_token=token, error=why, decided_by=by))
 
     @performs("step", "cancel")
-    def _cancel(self, conn: Any, saga_id: str, seq: int, why: str) -> int:
+    def _cancel(self, conn: Any, saga_id: str, seq: int, why: str, *,
+                by: str | None = None) -> int:
         return int(self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
                                     entries.c.lease_until.is_(None),
-                                    phase=move("step", "cancel").target, error=why))
+                                    phase=move("step", "cancel").target, error=why,
+                                    decided_by=by))
 
     @performs("saga", "request_failure")
-    def _request_failure(self, conn: Any, saga: Any, reason: str) -> None:
-        """Ask a saga to fail, once: the first reason stands."""
+    def _request_failure(self, conn: Any, saga: Any, reason: str,
+                         token: str | None = None) -> None:
+        """Ask a saga to fail, once: the first reason stands. ``token``: the asking move's,
+        which tells its replay after a lost COMMIT that it asked."""
         if saga.fail_requested_at is None and SagaStatus(saga.status) in OPEN:
-            self.j.touch(conn, saga.saga_id, fail_requested_at=now(), reason=reason)
+            self.j.touch(conn, saga.saga_id, fail_requested_at=db_now(), reason=reason,
+                         fail_token=token)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from datetime import datetime
 from typing import Any, NamedTuple
 
 import psycopg
@@ -142,24 +141,26 @@ def _json(engine: Engine, column: str, value: Any) -> Jsonb:
 
 _CLAIM = f"""
 UPDATE {_E} AS e SET
-    attempts = e.attempts + 1, started_at = %(t)s,
+    attempts = e.attempts + 1, started_at = statement_timestamp(),
     lease_until = statement_timestamp() + make_interval(secs => %(lease)s::double precision),
     worker = %(worker)s, attempt_token = %(token)s, retry_due_at = NULL,
     task_id = COALESCE(%(task_id)s, e.task_id), resends = 0, resend_at = NULL,
-    updated_at = %(t)s
+    updated_at = statement_timestamp()
 FROM {_S} AS s
 WHERE e.saga_id = %(saga)s AND e.seq = %(seq)s AND e.phase = '{_INTENT}'
   AND e.lease_until IS NULL AND e.tool_name = %(tool)s AND e.approved_by IS NULL
   AND s.saga_id = e.saga_id AND s.status IN ({_OPEN}) AND s.fail_requested_at IS NULL
+  AND (s.deadline_at IS NULL OR s.deadline_at > statement_timestamp())
 RETURNING e.attempts, e.args_digest
 """
 
 
 def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, worker: str,
-          task_id: str | None, lease: float, t: datetime) -> Claimed | None:
+          task_id: str | None, lease: float) -> Claimed | None:
     """Move ``claim``, the common case: an ungated INTENT nobody holds, in an open saga not
-    asked to fail. None: not the common case (the caller takes the locked path)."""
-    row = _run(engine, _CLAIM, {"t": t, "lease": lease, "worker": worker, "token": token,
+    asked to fail, before its deadline. None: not the common case (the caller takes the
+    locked path)."""
+    row = _run(engine, _CLAIM, {"lease": lease, "worker": worker, "token": token,
                                 "task_id": task_id, "saga": saga_id, "seq": seq,
                                 "tool": tool})
     return None if row is None else Claimed(int(row[0]), str(row[1]))
@@ -167,10 +168,11 @@ def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, work
 
 _EXECUTED_SQL = f"""
 WITH bump AS (
-    UPDATE {_S} SET exec_counter = exec_counter + 1, updated_at = %(t)s
+    UPDATE {_S} SET exec_counter = exec_counter + 1, updated_at = statement_timestamp()
     WHERE saga_id = %(saga)s RETURNING exec_counter, status, flow)
 UPDATE {_E} SET
-    phase = '{_EXECUTED}', result = %(result)s, executed_at = %(t)s, updated_at = %(t)s,
+    phase = '{_EXECUTED}', result = %(result)s, executed_at = statement_timestamp(),
+    updated_at = statement_timestamp(),
     exec_order = (SELECT exec_counter FROM bump), lease_until = NULL,
     duration_ms = %(ms)s, error = NULL
 WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'
@@ -180,10 +182,10 @@ RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
 
 
 def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
-             duration_ms: float, t: datetime) -> tuple[str, str | None] | None:
+             duration_ms: float) -> tuple[str, str | None] | None:
     """Move ``execute`` fenced by the attempt token, with the saga row's lock and the next
     execution order taken in the same statement. (status, flow), or None on a miss."""
-    row = _run(engine, _EXECUTED_SQL, {"t": t, "saga": saga_id, "seq": seq, "token": token,
+    row = _run(engine, _EXECUTED_SQL, {"saga": saga_id, "seq": seq, "token": token,
                                        "result": _json(engine, "result", result),
                                        "ms": duration_ms})
     return None if row is None else (str(row[0]), row[1])
@@ -194,14 +196,15 @@ def _intent_sql(gated: bool) -> str:
     status = ", status = 'AWAITING_APPROVAL'" if gated else ""
     return f"""
 WITH bump AS (
-    UPDATE {_S} SET last_seq = last_seq + 1, updated_at = %(t)s{status}
+    UPDATE {_S} SET last_seq = last_seq + 1, updated_at = statement_timestamp(){status}
     WHERE saga_id = %(saga)s AND status IN ({_OPEN}) AND fail_requested_at IS NULL
     RETURNING last_seq)
 INSERT INTO {_E} (saga_id, seq, tool_name, phase, args, kwargs, args_digest, queue,
                   task_id, attempts, created_at, updated_at, in_doubt,
                   compensation_attempts, approval_nonce, approval_requested_at)
 SELECT %(saga)s, last_seq, %(tool)s, %(phase)s, %(args)s, %(kwargs)s, %(digest)s,
-       %(queue)s, %(task_id)s, 0, %(t)s, %(t)s, false, 0, %(nonce)s, %(requested)s
+       %(queue)s, %(task_id)s, 0, statement_timestamp(), statement_timestamp(), false, 0,
+       %(nonce)s, {"statement_timestamp()" if gated else "NULL"}
 FROM bump
 RETURNING seq
 """
@@ -209,15 +212,14 @@ RETURNING seq
 
 def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
            kwargs: dict[str, Any], digest: str, queue: str | None, task_id: str,
-           gated: bool, nonce: str | None, t: datetime) -> int | None:
+           gated: bool, nonce: str | None) -> int | None:
     """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump; the seq,
     or None when the saga takes no new steps."""
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
     row = _run(engine, _intent_sql(gated), {
-        "t": t, "saga": saga_id, "tool": tool, "phase": phase,
+        "saga": saga_id, "tool": tool, "phase": phase,
         "args": _json(engine, "args", args), "kwargs": _json(engine, "kwargs", kwargs),
-        "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
-        "requested": t if gated else None})
+        "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce})
     return None if row is None else int(row[0])
 
 

@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from sqlalchemy import (
     Connection,
     Engine,
     insert,
+    or_,
     select,
     update,
 )
@@ -36,13 +37,13 @@ from .._base.types import (
 )
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
-from .dialect import is_busy, listens, read_only
+from .dialect import db_later, db_now, is_busy, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
 from .rows import idempotency_key, to_saga_record
 from .schema import audit, entries, metadata, sagas
 
-__all__ = ["Journal", "NewEntry", "PruneBatch", "idempotency_key", "now"]
+__all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
 
 _log = get_logger()
 
@@ -81,18 +82,8 @@ def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
 
 
 def now() -> datetime:
+    """This host's clock: for people to read only (every stamp is the database's)."""
     return datetime.now(UTC)
-
-
-
-
-@dataclass(frozen=True)
-class PruneBatch:
-    """What one prune transaction deleted: sagas, and rows of every table together."""
-
-    sagas: int
-    rows: int
-    more: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,7 +180,7 @@ class Journal:
     @staticmethod
     def touch(conn: Connection, saga_id: str, **values: Any) -> None:
         conn.execute(
-            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=now(),
+            update(sagas).where(sagas.c.saga_id == saga_id).values(updated_at=db_now(),
                                                                    **_storable(values))
         )
 
@@ -198,7 +189,7 @@ class Journal:
         stmt = (
             update(entries)
             .where(entries.c.saga_id == saga_id, entries.c.seq == seq, *where)
-            .values(updated_at=now(), **_storable(values))
+            .values(updated_at=db_now(), **_storable(values))
         )
         return conn.execute(stmt).rowcount
 
@@ -206,7 +197,7 @@ class Journal:
               actor: str | None, detail: str | None = None) -> None:
         conn.execute(insert(audit).values(saga_id=saga_id, seq=seq, action=action,
                                           **_storable({"actor": actor, "detail": detail}),
-                                          at=now()))
+                                          at=db_now()))
 
     # -- producer ----------------------------------------------------------------
 
@@ -215,12 +206,13 @@ class Journal:
                     deadline: float | None = None, flow: str | None = None,
                     flow_args: list[Any] | None = None,
                     flow_kwargs: dict[str, Any] | None = None) -> None:
-        t = now()
+        # every stamp is the database's clock (a deadline too: a producer whose clock is
+        # behind would otherwise give its saga more time, or less)
         try:
             self.write(lambda conn: conn.execute(insert(sagas).values(
                 saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
-                created_at=t, updated_at=t, last_seq=0, exec_counter=0,
-                deadline_at=None if deadline is None else t + timedelta(seconds=deadline),
+                created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
+                deadline_at=None if deadline is None else db_later(deadline),
                 flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs)))
         except IntegrityError as exc:
             raise SagaExists(
@@ -231,21 +223,23 @@ class Journal:
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
     def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
-                    expect_seq: int | None = None) -> list[int]:
+                    expect_seq: int | None = None, seen: int | None = None) -> list[int]:
         """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs.
 
         ``expect_seq``: journal them only if the saga's last seq is still that one (a
-        flow's replay saw that much of the journal), else nothing (another replay did).
+        flow's replay saw that much of the journal), else nothing (another replay did);
+        ``seen``: how many steps had an outcome in what that replay read.
         """
-        t = now()
         gated = any(e.gated for e in new)
         if len(new) == 1 and expect_seq is None and _pgfast.enabled(self.engine):
-            return [self._intent_fast(saga_id, new[0], t)]
+            return [self._intent_fast(saga_id, new[0])]
 
         def body(conn: Connection) -> list[int]:
-            values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new), "updated_at": t}
+            values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new),
+                                      "updated_at": db_now()}
             if expect_seq is not None:  # a flow's replay journals its next steps
-                values["advanced_at"] = t
+                values.update(advanced_at=db_now(), advanced_seen=seen,
+                              resends=0, resend_at=None)
             if gated:
                 values["status"] = SagaStatus.AWAITING_APPROVAL.value
             guard = [] if expect_seq is None else [sagas.c.last_seq == expect_seq]
@@ -259,18 +253,23 @@ class Journal:
             if row is None and expect_seq is not None:
                 return []
             if row is None:
-                self._refuse_enqueue(conn, saga_id)
+                _refuse_enqueue(conn, saga_id)
             assert row is not None
             first = int(row[0]) - len(new) + 1
-            conn.execute(insert(entries),
-                         [_entry_values(saga_id, first + i, e, t) for i, e in enumerate(new)])
+            conn.execute(insert(entries).values(created_at=db_now(), updated_at=db_now()),
+                         [_entry_values(saga_id, first + i, e) for i, e in enumerate(new)])
+            gates = [first + i for i, e in enumerate(new) if e.gated]
+            if gates:
+                conn.execute(update(entries).where(entries.c.saga_id == saga_id,
+                                                   entries.c.seq.in_(gates))
+                             .values(approval_requested_at=entries.c.created_at))
             return [first + i for i in range(len(new))]
 
         return self.write(body)
 
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
-    def _intent_fast(self, saga_id: str, e: NewEntry, t: datetime) -> int:
+    def _intent_fast(self, saga_id: str, e: NewEntry) -> int:
         """One step's INTENT in one round trip (``_pgfast``).
 
         A lost connection leaves it unknown whether the statement committed: once its
@@ -283,7 +282,7 @@ class Journal:
             return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
                                   args=e.args, kwargs=e.kwargs, digest=e.args_digest,
                                   queue=e.queue, task_id=e.task_id, gated=e.gated,
-                                  nonce=e.approval_nonce, t=t)
+                                  nonce=e.approval_nonce)
 
         try:
             seq = once()
@@ -296,20 +295,8 @@ class Journal:
                 seq = once()
         if seq is None:
             with self.reader.connect() as conn:
-                self._refuse_enqueue(conn, saga_id)
+                _refuse_enqueue(conn, saga_id)
         return seq
-
-    def _refuse_enqueue(self, conn: Connection, saga_id: str) -> NoReturn:
-        row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
-                           .where(sagas.c.saga_id == saga_id)).first()
-        if row is None:
-            raise SagaNotFound(f"no saga {saga_id!r}; begin it with sw.begin({saga_id!r}) first")
-        if row.fail_requested_at is not None and row.status in OPEN_VALUES:
-            raise SagaworkerError(
-                f"saga {saga_id!r} is failing (compensation requested); it takes no new steps")
-        raise SagaworkerError(
-            f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
-            "takes new steps: begin a new saga")
 
     # -- reads -------------------------------------------------------------------
 
@@ -326,11 +313,15 @@ class Journal:
             return saga, list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
                                            .order_by(entries.c.seq)).all())
 
-    def mark_advanced(self, saga_id: str) -> None:
-        """A flow was replayed (the sweeper re-sends only advances that were lost)."""
+    def mark_advanced(self, saga_id: str, seen: int) -> None:
+        """A flow was replayed against a journal in which ``seen`` steps had an outcome:
+        the sweeper re-sends the advance while more have one. A compare-and-set: a replay
+        that read less never lowers what a later one recorded."""
         with self.engine.begin() as conn:
-            conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
-                         .values(advanced_at=now(), resends=0, resend_at=None))
+            conn.execute(update(sagas).where(
+                sagas.c.saga_id == saga_id,
+                or_(sagas.c.advanced_seen.is_(None), sagas.c.advanced_seen < seen))
+                .values(advanced_at=db_now(), advanced_seen=seen, resends=0, resend_at=None))
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
         with self.reader.connect() as conn:
@@ -362,7 +353,7 @@ class Journal:
         return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
 
     def orphans(self, older_than: float) -> list[Any]:
-        cutoff = now() - timedelta(seconds=older_than)
+        cutoff = db_later(-older_than)
         with self.reader.connect() as conn:
             return list(conn.execute(
                 select(entries).where(entries.c.phase == Phase.INTENT.value,
@@ -374,15 +365,13 @@ class Journal:
             return list(conn.execute(query).all())
 
 
-def _entry_values(saga_id: str, seq: Any, e: NewEntry, t: datetime) -> dict[str, Any]:
+def _entry_values(saga_id: str, seq: Any, e: NewEntry) -> dict[str, Any]:
     return {
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
         "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
         "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
-        "created_at": t, "updated_at": t, "in_doubt": False,
-        "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
-        "approval_requested_at": t if e.gated else None,
+        "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
     }
 
 
@@ -390,3 +379,16 @@ def _storable(values: dict[str, Any]) -> dict[str, Any]:
     """Text written by a move (an error, a reason, a detail) as PostgreSQL can hold it:
     an exception's message may carry a NUL, which would fail the move with a raw error."""
     return {k: storable(v) if isinstance(v, str) else v for k, v in values.items()}
+
+
+def _refuse_enqueue(conn: Connection, saga_id: str) -> NoReturn:
+    row = conn.execute(select(sagas.c.status, sagas.c.fail_requested_at)
+                       .where(sagas.c.saga_id == saga_id)).first()
+    if row is None:
+        raise SagaNotFound(f"no saga {saga_id!r}; begin it with sw.begin({saga_id!r}) first")
+    if row.fail_requested_at is not None and row.status in OPEN_VALUES:
+        raise SagaworkerError(
+            f"saga {saga_id!r} is failing (compensation requested); it takes no new steps")
+    raise SagaworkerError(
+        f"saga {saga_id!r} is {row.status}; only a RUNNING or AWAITING_APPROVAL saga "
+        "takes new steps: begin a new saga")

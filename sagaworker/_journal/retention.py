@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, delete, exists, select
 
 from .._base.types import SagaStatus
 from .._observe.logging import get_logger
-from .dialect import single_writer
-from .repository import Journal, PruneBatch, now
+from .dialect import db_later, single_writer
+from .repository import Journal
 from .schema import audit, entries, sagas
 
 __all__ = ["DEFAULT_BATCH", "parse_age", "prune"]
@@ -26,6 +28,15 @@ _log = get_logger()
 DEFAULT_BATCH = 1000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PruneBatch:
+    """What one prune transaction deleted: sagas, and rows of every table together."""
+
+    sagas: int
+    rows: int
+    more: bool = False
 
 
 def parse_age(text: str) -> float:
@@ -48,7 +59,7 @@ def prune(journal: Journal, older_than: float, *, include_dirty: bool = False,
         raise ValueError(f"older_than must be >= 0 seconds, not {older_than}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, not {batch}")
-    cutoff = now() - timedelta(seconds=older_than)
+    cutoff = db_later(-older_than)
     gap = single_writer(journal.engine)
     total_sagas = total_rows = 0
     started = time.monotonic()
@@ -67,7 +78,7 @@ def prune(journal: Journal, older_than: float, *, include_dirty: bool = False,
     return total_sagas
 
 
-def prune_batch(journal: Journal, cutoff: datetime, *, include_dirty: bool,
+def prune_batch(journal: Journal, cutoff: datetime | Any, *, include_dirty: bool,
             batch: int) -> PruneBatch:
     """Delete up to ``batch`` terminal sagas last changed before ``cutoff``, with their
     entries and audit rows, in one short transaction.

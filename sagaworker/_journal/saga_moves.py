@@ -8,13 +8,15 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from .._base.types import OPEN, Phase, SagaStatus
+from .dialect import db_now
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,
     _INTENT,
     MoveBase,
+    new_token,
 )
-from .repository import now, retrying
+from .repository import retrying
 from .schema import entries
 
 __all__ = ["SagaMoves"]
@@ -40,9 +42,12 @@ class SagaMoves(MoveBase):
             self._request_failure(conn, saga, reason)
             return status
 
-    @retrying
     def abort(self, saga_id: str, *, reason: str, actor: str) -> SagaStatus:
         """An operator asks a saga to fail (gates close at once); refused once terminal."""
+        return self._abort(saga_id, reason, actor, new_token())
+
+    @retrying
+    def _abort(self, saga_id: str, reason: str, actor: str, token: str) -> SagaStatus:
         from .._base.errors import SagaNotFound, SagaworkerError
 
         with self.j.engine.begin() as conn:
@@ -50,23 +55,31 @@ class SagaMoves(MoveBase):
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r}")
             status = SagaStatus(saga.status)
+            if saga.fail_token == token:  # our own abort, whose COMMIT reply was lost
+                return SagaStatus.RUNNING if status not in OPEN else status
             if status not in OPEN:
                 raise SagaworkerError(
                     f"saga {saga_id!r} is {status.value}; only a RUNNING or AWAITING_APPROVAL "
                     "saga can be aborted")
-            self._request_failure(conn, saga, f"aborted by {actor}: {reason}")
+            self._request_failure(conn, saga, f"aborted by {actor}: {reason}", token)
             self.j.audit(conn, saga_id, None, "abort", actor, reason)
             return status
 
-    @retrying
     def fail_overdue(self, saga_id: str) -> Any:
-        """The deadline passed: ask the saga to fail; its row when this call did."""
+        """The deadline passed (on the database's clock): ask the saga to fail; its row
+        when this call did."""
+        return self._fail_overdue(saga_id, new_token())
+
+    @retrying
+    def _fail_overdue(self, saga_id: str, token: str) -> Any:
         with self.j.engine.begin() as conn:
             saga = self.j.lock_saga(conn, saga_id)
+            if saga is not None and saga.fail_token == token:
+                return saga  # our own request, whose COMMIT reply was lost
             if (saga is None or SagaStatus(saga.status) not in OPEN
-                    or saga.fail_requested_at is not None or saga.deadline_at is None):
+                    or saga.fail_requested_at is not None or not self._overdue(conn, saga)):
                 return None
-            self._request_failure(conn, saga, "deadline passed")
+            self._request_failure(conn, saga, "deadline passed", token)
             return saga
 
     @retrying
@@ -74,7 +87,7 @@ class SagaMoves(MoveBase):
     def begin_compensation(self, saga_id: str, reason: str | None,
                            token: str) -> tuple[bool, int, str]:
         """Move ``begin_compensation``: one failure handler wins and starts the chain."""
-        t = now()
+        t = db_now()
         with self.j.engine.begin() as conn:
             saga = self.j.lock_saga(conn, saga_id)
             if saga is None:
@@ -131,5 +144,5 @@ class SagaMoves(MoveBase):
                     f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
                     "wait for them (step.result()) or call saga.fail(reason)")
             self.j.touch(conn, saga_id, status=move("saga", "complete").target,
-                         finished_at=now(), result=result)
+                         finished_at=db_now(), result=result)
 

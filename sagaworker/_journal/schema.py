@@ -21,7 +21,7 @@ from sqlalchemy import (
 
 from .._base.crypto import SealedJSON
 
-__all__ = ["audit", "entries", "metadata", "sagas"]
+__all__ = ["audit", "entries", "facts", "metadata", "sagas"]
 
 metadata = MetaData()
 
@@ -69,8 +69,14 @@ sagas = Table(
     _sealed("sagaworker_sagas", "flow_kwargs"),
     # a flow's journaled return value (SagaResult.value)
     _sealed("sagaworker_sagas", "result"),
-    # the last time a worker advanced the flow (the sweeper re-sends a lost advance)
+    # the last time a worker advanced the flow (for people to read), and how many of the
+    # flow's steps had an outcome in the journal that replay read: the sweeper re-sends
+    # the advance while more steps have one (a count, never two hosts' clocks compared)
     Column("advanced_at", _ts),
+    Column("advanced_seen", Integer),
+    # the token of the move that asked the saga to fail (an operator's abort, a passed
+    # deadline): replayed after a lost COMMIT, that move answers as its first run did
+    Column("fail_token", String(32)),
     Column("idle_reported_at", _ts),
     Index("ix_sagaworker_sagas_status_finished", "status", "finished_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),
@@ -121,6 +127,10 @@ entries = Table(
     Column("exec_order", Integer),
     Column("duration_ms", Float),
     Column("in_doubt", Boolean, nullable=False, default=False),
+    # the token of the move that journaled this entry's outcome from outside its attempt
+    # (a claim or a chain that found its worker lost, a claim that cancelled it):
+    # replayed after a lost COMMIT, that move reports what it found again
+    Column("decided_by", String(32)),
     # compensation
     Column("compensation", String(32)),
     Column("compensation_detail", Text),
@@ -159,4 +169,13 @@ audit = Table(
     Column("detail", Text),
     Column("at", _ts, nullable=False),
     Index("ix_sagaworker_audit_saga", "saga_id", "at"),
+)
+
+#: what the journal knows about itself: the fingerprint of the encryption key its values
+#: are sealed with (a worker holding no key, or another one, refuses to run a step)
+facts = Table(
+    "sagaworker_facts",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
 )

@@ -4,14 +4,13 @@ decide its approval gate. Each is one guarded compare-and-set transaction (the r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from .._base.types import OPEN, Phase, SagaStatus
 from . import pgfast as _pgfast
-from .dialect import db_later
+from .dialect import db_later, db_now
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTE,
@@ -25,7 +24,7 @@ from .moves_base import (
     Start,
     _alive,
 )
-from .repository import now, retrying
+from .repository import retrying
 from .schema import entries, sagas
 
 __all__ = ["StepMoves"]
@@ -43,7 +42,7 @@ class StepMoves(MoveBase):
         if _pgfast.enabled(engine):
             # the same compare-and-set as below, one round trip (``_pgfast``)
             got = _pgfast.claim(engine, saga_id=saga_id, seq=seq, tool=tool, token=token,
-                                worker=worker, task_id=task_id, lease=self.lease, t=now())
+                                worker=worker, task_id=task_id, lease=self.lease)
             if got is not None:
                 return Claim(Start.RUN, attempt=got.attempts, row=got)
             with engine.begin() as conn:
@@ -62,11 +61,12 @@ class StepMoves(MoveBase):
                        entries.c.phase == _INTENT, entries.c.lease_until.is_(None),
                        entries.c.tool_name == tool, entries.c.approved_by.is_(None),
                        sagas.c.saga_id == entries.c.saga_id,
-                       sagas.c.status.in_(_OPEN_VALUES), sagas.c.fail_requested_at.is_(None))
-                .values(attempts=entries.c.attempts + 1, started_at=now(),
+                       sagas.c.status.in_(_OPEN_VALUES), sagas.c.fail_requested_at.is_(None),
+                       or_(sagas.c.deadline_at.is_(None), sagas.c.deadline_at > db_now()))
+                .values(attempts=entries.c.attempts + 1, started_at=db_now(),
                         lease_until=db_later(self.lease), worker=worker, attempt_token=token,
                         retry_due_at=None, task_id=func.coalesce(task_id, entries.c.task_id),
-                        resends=0, resend_at=None, updated_at=now())
+                        resends=0, resend_at=None, updated_at=db_now())
                 .returning(*entries.c)).first()  # (SQLite returns the target table only)
             if claimed is not None:
                 return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
@@ -84,45 +84,43 @@ class StepMoves(MoveBase):
         if saga is None or row is None:
             return Claim(Start.UNKNOWN)
         status = SagaStatus(saga.status)
-        if row.tool_name != tool:
-            return Claim(Start.MISMATCH, row=row, saga_status=status)
-        phase = Phase(row.phase)
-        if phase is Phase.EXECUTED:
-            return Claim(Start.DONE, row=row, saga_status=status)
-        if phase is Phase.AWAITING_APPROVAL:
-            return Claim(Start.NOT_APPROVED, row=row, saga_status=status)
-        if phase is not Phase.INTENT:
-            return Claim(Start.FINISHED, row=row, saga_status=status)
-        if row.attempt_token == token and row.lease_until is not None:
-            # our own claim, whose COMMIT reply was lost: replayed, it is still ours
-            return Claim(Start.RUN, attempt=row.attempts, row=row, saga_status=status,
-                         rerun=row.reruns > 0)
-        if row.alive:
-            return Claim(Start.BUSY, row=row, saga_status=status)
+        overdue = saga.fail_token == token  # this claim asked (its COMMIT reply lost)
+        settled = _settled(row, tool, token, status, overdue)
+        if settled is not None:
+            return settled
         died = row.lease_until is not None  # started, lease lapsed, no outcome journaled
         failing = status not in OPEN or saga.fail_requested_at is not None
+        if not failing and self._overdue(conn, saga):
+            # the deadline passed: nothing more runs, whether the sweeper saw it yet or not
+            self._request_failure(conn, saga, "deadline passed", token)
+            failing = overdue = True
         if died and (failing or not idempotent or row.reruns >= self.settings.max_reruns):
+            if not self._doubt(conn, saga_id, seq, row.attempt_token,
+                               idempotent and not failing, row.reruns, by=token):
+                return Claim(Start.BUSY, row=row, saga_status=status, overdue=overdue)
             if not failing:
                 why = (f"died on each of its {row.reruns + 1} attempts"
                        if idempotent else "its worker was lost")
                 self._request_failure(conn, saga, f"step {seq} ({row.tool_name}) in doubt: "
                                                   f"{why}")
-            self._doubt(conn, saga_id, seq, row.attempt_token, idempotent and not failing,
-                        row.reruns)
-            return Claim(Start.IN_DOUBT, row=row, saga_status=status)
+            return Claim(Start.IN_DOUBT, row=row, saga_status=status, overdue=overdue)
         if failing:
             why = ("its Celery retry was not run" if row.started_at is not None
                    else "it never started")
-            self._cancel(conn, saga_id, seq, f"cancelled: the saga is failing and {why}")
-            return Claim(Start.CANCELLED, row=row, saga_status=status)
-        self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
-                         attempts=row.attempts + 1, started_at=now(),
-                         lease_until=db_later(self.lease), worker=worker, attempt_token=token,
-                         retry_due_at=None, reruns=row.reruns + (1 if died else 0),
-                         task_id=task_id or row.task_id, resends=0, resend_at=None)
+            self._cancel(conn, saga_id, seq, f"cancelled: the saga is failing and {why}",
+                         by=token)
+            return Claim(Start.CANCELLED, row=row, saga_status=status, overdue=overdue)
+        # a compare-and-set on what was read: a lapsed lease is taken over only if it is
+        # still lapsed and still the same attempt's (a late heartbeat may have revived it)
+        if not self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                                *_still(row), attempts=row.attempts + 1, started_at=db_now(),
+                                lease_until=db_later(self.lease), worker=worker,
+                                attempt_token=token, retry_due_at=None,
+                                reruns=row.reruns + (1 if died else 0),
+                                task_id=task_id or row.task_id, resends=0, resend_at=None):
+            return Claim(Start.BUSY, row=row, saga_status=status)
         return Claim(Start.RUN, attempt=row.attempts + 1, row=row, saga_status=status,
                      rerun=died)
-
 
     @retrying
     @performs("step", "heartbeat")
@@ -134,7 +132,7 @@ class StepMoves(MoveBase):
         for saga_id, seq, undo, token in held:
             with self.j.engine.begin() as conn:
                 if undo:
-                    self.j.touch(conn, saga_id, chain_touched_at=now())
+                    self.j.touch(conn, saga_id, chain_touched_at=db_now())
                     conn.execute(update(entries).where(
                         entries.c.saga_id == saga_id, entries.c.seq == seq,
                         entries.c.compensation.is_(None), entries.c.undo_token == token,
@@ -180,12 +178,12 @@ class StepMoves(MoveBase):
         ``error``: the effect happened but its result cannot be journaled (result None);
         the saga is asked to fail (``fail_reason``) in the same transaction, so a worker
         lost right after it leaves the failure to the sweeper, never a live effect."""
-        t = now()
+        t = db_now()
         engine = self.j.engine
         fast = _pgfast.enabled(engine) and error is None
         if fast:
             got = _pgfast.executed(engine, saga_id=saga_id, seq=seq, token=token,
-                                   result=result, duration_ms=duration_ms, t=t)
+                                   result=result, duration_ms=duration_ms)
             if got is not None:
                 return Executed(True, SagaStatus(got[0]), got[1])
         with engine.begin() as conn:
@@ -232,48 +230,36 @@ class StepMoves(MoveBase):
             return SagaStatus(saga.status)
 
 
-    # -- the approval gate -----------------------------------------------------------
+def _settled(row: Any, tool: str, token: str, status: SagaStatus,
+             overdue: bool) -> Claim | None:
+    """The claim's answer when the entry is not an INTENT free to take: another tool, an
+    outcome already, a gate, our own earlier answer (replayed after a lost COMMIT), or an
+    attempt still alive."""
+    if row.tool_name != tool:
+        return Claim(Start.MISMATCH, row=row, saga_status=status)
+    if row.decided_by == token and row.phase != _INTENT:
+        # our own doubt or cancel, whose COMMIT reply was lost: the same answer again
+        return Claim(Start.IN_DOUBT if row.in_doubt else Start.CANCELLED, row=row,
+                     saga_status=status, overdue=overdue)
+    phase = Phase(row.phase)
+    if phase is Phase.EXECUTED:
+        return Claim(Start.DONE, row=row, saga_status=status)
+    if phase is Phase.AWAITING_APPROVAL:
+        return Claim(Start.NOT_APPROVED, row=row, saga_status=status)
+    if phase is not Phase.INTENT:
+        return Claim(Start.FINISHED, row=row, saga_status=status)
+    if row.attempt_token == token and row.lease_until is not None:
+        # our own claim, whose COMMIT reply was lost: replayed, it is still ours
+        return Claim(Start.RUN, attempt=row.attempts, row=row, saga_status=status,
+                     rerun=row.reruns > 0)
+    if row.alive:
+        return Claim(Start.BUSY, row=row, saga_status=status)
+    return None
 
-    def _gate(self, conn: Any, saga_id: str, seq: int,
-              check: Callable[[Any, Any], None]) -> tuple[Any, Any]:
-        """The saga (locked) and the gated entry, once ``check`` (the token's) passed."""
-        saga = self.j.lock_saga(conn, saga_id)
-        row = self.j.entry(conn, saga_id, seq)
-        check(saga, row)
-        return saga, row
 
-    @performs("step", "approve")
-    @performs("saga", "decided")
-    def approve(self, saga_id: str, seq: int, *, check: Callable[[Any, Any], None],
-                approver: str, digest: str, reason: str | None) -> Any:
-        """Moves ``approve`` (and ``decided`` once no other gate waits): the entry."""
-        t = now()
-        with self.j.engine.begin() as conn:
-            saga, row = self._gate(conn, saga_id, seq, check)
-            # published_at: the relay counts from the approval, not the original INTENT
-            self.j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
-                             approved_by=approver, approved_at=t, approved_digest=digest,
-                             approval_nonce=None, published_at=t)
-            others = conn.execute(select(entries.c.seq).where(
-                entries.c.saga_id == saga_id,
-                entries.c.phase == Phase.AWAITING_APPROVAL.value)).first()
-            if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:
-                self.j.touch(conn, saga_id, status=move("saga", "decided").target)
-            self.j.audit(conn, saga_id, seq, "approve", approver, reason)
-            return row
-
-    @performs("step", "reject")
-    def reject(self, saga_id: str, seq: int, *, check: Callable[[Any, Any], None],
-               approver: str, reason: str | None) -> Any:
-        """Move ``reject``: the entry REJECTED and the saga asked to fail; the entry."""
-        t = now()
-        with self.j.engine.begin() as conn:
-            _, row = self._gate(conn, saga_id, seq, check)
-            why = reason or "rejected"
-            self.j.set_entry(conn, saga_id, seq, phase=move("step", "reject").target,
-                             rejected_by=approver, rejected_at=t, rejection_reason=why,
-                             approval_nonce=None, error=f"rejected by {approver}: {why}")
-            self.j.touch(conn, saga_id, fail_requested_at=t,
-                         reason=f"step {seq} ({row.tool_name}) rejected by {approver}: {why}")
-            self.j.audit(conn, saga_id, seq, "reject", approver, reason)
-            return row
+def _still(row: Any) -> list[Any]:
+    """The entry's attempt is still the one read, and its lease still lapsed (or none)."""
+    same = entries.c.attempt_token.is_not_distinct_from(row.attempt_token)
+    if row.lease_until is None:
+        return [same, entries.c.lease_until.is_(None)]
+    return [same, entries.c.lease_until < db_now()]

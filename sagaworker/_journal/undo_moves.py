@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 
 from .._base.types import OutcomeResult, SagaStatus
-from .dialect import db_later
+from .dialect import db_later, db_now
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,
@@ -20,7 +20,7 @@ from .moves_base import (
     _alive,
     worker_label,
 )
-from .repository import now, retrying
+from .repository import retrying
 from .schema import entries, sagas
 
 __all__ = ["UndoMoves"]
@@ -45,8 +45,8 @@ class UndoMoves(MoveBase):
             # tells the sweeper the chain moves (a miss below leaves a harmless gap).
             saga = conn.execute(
                 update(sagas).where(sagas.c.saga_id == saga_id)
-                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
-                        updated_at=now(), resends=0, resend_at=None)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=db_now(),
+                        updated_at=db_now(), resends=0, resend_at=None)
                 .returning(*sagas.c)).first()
             if saga is None:
                 return False, UndoState(UndoClaim.NOT_COMPENSATING)
@@ -63,14 +63,14 @@ class UndoMoves(MoveBase):
         if order is None:  # the report's order first (a miss leaves a harmless gap)
             order = conn.execute(
                 update(sagas).where(sagas.c.saga_id == saga_id)
-                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=now(),
-                        updated_at=now(), resends=0, resend_at=None)
+                .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=db_now(),
+                        updated_at=db_now(), resends=0, resend_at=None)
                 .returning(sagas.c.comp_counter)).scalar()
         extra = {} if attempts is None else {"compensation_attempts": attempts}
         n = self.j.set_entry(conn, saga_id, seq, entries.c.compensation.is_(None),
                              entries.c.undo_token == token,
                              compensation=result.value, compensation_detail=detail,
-                             compensated_at=now(), comp_lease_until=None, comp_order=order,
+                             compensated_at=db_now(), comp_lease_until=None, comp_order=order,
                              **extra)
         if n:
             return True
@@ -83,27 +83,30 @@ class UndoMoves(MoveBase):
                     touched: bool = False) -> UndoState:
         if saga is None or saga.status != SagaStatus.COMPENSATING.value:
             if saga is not None and saga.closed_by == token:  # our own finish, replayed
-                return self._finished_state(conn, saga_id, SagaStatus(saga.status), ())
+                doubted, died = self._found(self._decided(conn, saga_id, token), token)
+                return self._finished_state(conn, saga_id, SagaStatus(saga.status),
+                                            tuple(doubted), tuple(died))
             return UndoState(UndoClaim.NOT_COMPENSATING,
                              status=SagaStatus(saga.status) if saga else None)
-        doubted: list[Any] = []
         # One read for what may hold the chain back: forward attempts and undos that
-        # started and have no outcome (none, in the common case).
+        # started and have no outcome (none, in the common case), and what this move
+        # found before, if it is replayed after a lost COMMIT (it reports it again).
         held = conn.execute(select(
             entries, _alive(entries.c.lease_until),
             _alive(entries.c.comp_lease_until).label("comp_alive")).where(
                 entries.c.saga_id == saga_id,
                 or_(and_(entries.c.phase == _INTENT, entries.c.lease_until.is_not(None)),
                     and_(entries.c.phase == _EXECUTED, entries.c.compensation.is_(None),
-                         entries.c.comp_lease_until.is_not(None))))).all()
+                         entries.c.comp_lease_until.is_not(None)),
+                    entries.c.decided_by == token))).all()
+        doubted, died = self._found(held, token)
         # 1. No undo while a forward step of the saga runs: a late arrival is undone
         #    first, once it has an outcome (its EXECUTED re-sends the chain).
-        running = self._forward_holds(conn, saga_id, held, doubted)
+        running = self._forward_holds(conn, saga_id, held, doubted, token)
         if running is not None:
             return UndoState(UndoClaim.WAITING, row=running, in_doubt=tuple(doubted))
-        died: list[tuple[Any, str]] = []
         tries = 1 + self.settings.compensation_retries
-        live = [r for r in held if r.phase == _EXECUTED]
+        live = [r for r in held if r.phase == _EXECUTED and r.compensation is None]
         while True:
             # 2. At most one undo of a saga at any moment.
             mine = [r for r in live if r.undo_token == token]
@@ -120,7 +123,7 @@ class UndoMoves(MoveBase):
             claimed = self._claim_latest(conn, saga_id, token, tries)
             if claimed is not None:
                 if not touched:
-                    self.j.touch(conn, saga_id, chain_touched_at=now())
+                    self.j.touch(conn, saga_id, chain_touched_at=db_now())
                 return UndoState(UndoClaim.CLAIMED, row=claimed,
                                  attempt=claimed.compensation_attempts, reason=saga.reason,
                                  in_doubt=tuple(doubted), died=tuple(died))
@@ -148,21 +151,35 @@ class UndoMoves(MoveBase):
                        entries.c.compensation_attempts < tries))
             .values(compensation_attempts=entries.c.compensation_attempts + 1,
                     comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
-                    undo_token=token, updated_at=now())
+                    undo_token=token, updated_at=db_now())
             .returning(*entries.c)).first()
 
     def _forward_holds(self, conn: Any, saga_id: str, held: list[Any],
-                       doubted: list[Any]) -> Any:
+                       doubted: list[Any], token: str) -> Any:
         """The forward attempt still running, if any; the dead ones found in doubt (and
         added to ``doubted``) on the way."""
         for p in held:
-            if p.phase != _INTENT:
+            if p.phase != _INTENT or p.lease_until is None:
                 continue
-            if p.alive:
-                return p
-            self._doubt(conn, saga_id, p.seq, p.attempt_token, False, p.reruns)
+            if p.alive or not self._doubt(conn, saga_id, p.seq, p.attempt_token, False,
+                                          p.reruns, by=token):
+                return p  # (revived by a late heartbeat since it was read)
             doubted.append(p)
         return None
+
+    @staticmethod
+    def _decided(conn: Any, saga_id: str, token: str) -> list[Any]:
+        return list(conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                       entries.c.decided_by == token)).all())
+
+    @staticmethod
+    def _found(rows: list[Any], token: str) -> tuple[list[Any], list[tuple[Any, str]]]:
+        """What the move with ``token`` decided before (it is replayed after a lost COMMIT
+        reply): forward steps it found in doubt, undos it gave up as died on every try."""
+        mine = [r for r in rows if r.decided_by == token]
+        return ([r for r in mine if r.in_doubt and r.phase != _INTENT],
+                [(r, r.compensation_detail or "") for r in mine
+                 if r.compensation == OutcomeResult.COMPENSATION_FAILED.value])
 
     def _died_every_try(self, conn: Any, saga_id: str, row: Any, token: str,
                         tries: int) -> str:
@@ -171,7 +188,7 @@ class UndoMoves(MoveBase):
         detail = (f"the undo's worker died during try {row.compensation_attempts} "
                   f"of {tries} (killed, out of memory, os._exit or a hard time "
                   "limit); the effect is still live")
-        self.j.set_entry(conn, saga_id, row.seq, undo_token=token)
+        self.j.set_entry(conn, saga_id, row.seq, undo_token=token, decided_by=token)
         self._record(conn, saga_id, row.seq, OutcomeResult.COMPENSATION_FAILED,
                      detail, None, token)
         return detail
@@ -196,14 +213,15 @@ class UndoMoves(MoveBase):
                 return UndoState(UndoClaim.WAITING, row=p, in_doubt=doubted, died=died)
         dirty = self._dirty(conn, saga_id)
         status = SagaStatus(move("saga", "finish_dirty" if dirty else "finish").target)
-        self.j.touch(conn, saga_id, status=status.value, finished_at=now(), closed_by=token)
+        self.j.touch(conn, saga_id, status=status.value, finished_at=db_now(), closed_by=token)
         return UndoState(UndoClaim.FINISHED, status=status, dirty_tools=dirty,
                          in_doubt=doubted, died=died)
 
     def _finished_state(self, conn: Any, saga_id: str, status: SagaStatus,
-                        doubted: tuple[Any, ...]) -> UndoState:
+                        doubted: tuple[Any, ...],
+                        died: tuple[tuple[Any, str], ...]) -> UndoState:
         return UndoState(UndoClaim.FINISHED, status=status,
-                         dirty_tools=self._dirty(conn, saga_id), in_doubt=doubted)
+                         dirty_tools=self._dirty(conn, saga_id), in_doubt=doubted, died=died)
 
     @staticmethod
     def _dirty(conn: Any, saga_id: str) -> tuple[str, ...]:
@@ -237,9 +255,9 @@ class UndoMoves(MoveBase):
             conn.execute(update(entries).where(entries.c.saga_id == saga_id,
                                                entries.c.seq.in_(seqs))
                          .values(compensation=None, comp_lease_until=None, undo_token=None,
-                                 updated_at=now()))
+                                 updated_at=db_now()))
             self.j.touch(conn, saga_id, status=move("saga", "redrive").target,
-                         finished_at=None, closed_by=None, chain_touched_at=now())
+                         finished_at=None, closed_by=None, chain_touched_at=db_now())
             self.j.audit(conn, saga_id, None, "retry_compensation", actor,
                          f"re-running undos of steps {seqs}")
             return seqs

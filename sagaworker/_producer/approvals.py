@@ -7,7 +7,7 @@ import hashlib
 import hmac
 import json
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import select
 
@@ -16,6 +16,7 @@ from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.settings import Settings
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware
+from .._journal.moves_base import new_token
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe.logging import get_logger
@@ -53,8 +54,15 @@ class Signer:
             raise ConfigurationError(self.problem)
         return self.secret.encode()
 
+    def bind(self, digest: str) -> str:
+        """What a token carries of the arguments' digest: keyed with the secret, so the
+        token tells nothing about the arguments (an unkeyed SHA-256 of a card number is
+        found by trying every number)."""
+        return _b64(hmac.new(self._key(), b"args|" + digest.encode(),
+                             hashlib.sha256).digest())
+
     def sign(self, saga_id: str, seq: int, tool: str, digest: str, nonce: str) -> str:
-        body = {"s": saga_id, "q": seq, "t": tool, "d": digest, "n": nonce,
+        body = {"s": saga_id, "q": seq, "t": tool, "d": self.bind(digest), "n": nonce,
                 "e": int(time.time() + self.ttl)}
         payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
         mac = hmac.new(self._key(), payload.encode(), hashlib.sha256).digest()
@@ -123,7 +131,8 @@ class Gate:
                            "string, journaled and logged with the decision); nothing changed")
         check_text(approver, "the approver")
         reason = None if reason is None else storable(reason)
-        body = self.signer.verify(token)
+        signer = self.signer
+        body = signer.verify(token)
         saga_id, seq = body["s"], body["q"]
 
         def check(saga: Any, row: Any) -> None:
@@ -137,7 +146,8 @@ class Gate:
                     "cancelled; this token was used or is stale, nothing changed")
             if not (hmac.compare_digest(body["n"], row.approval_nonce)
                     and body["t"] == row.tool_name
-                    and hmac.compare_digest(body["d"], args_digest(row.args, row.kwargs))):
+                    and hmac.compare_digest(str(body["d"]),
+                                            signer.bind(args_digest(row.args, row.kwargs)))):
                 raise ApprovalInvalid(
                     f"approval token does not match saga {saga_id!r} step {seq} (tool or "
                     "arguments differ); nothing changed. Review the step and use the token "
@@ -151,11 +161,14 @@ class Gate:
                     "changed")
 
         machine = self.rt.machine
+        call = new_token()  # this decision's: its replay after a lost COMMIT knows it
         if approve:
-            row = machine.approve(saga_id, seq, check=check, approver=approver,
-                                  digest=body["d"], reason=reason)
+            row = machine.approve(saga_id, seq, check=check, approver=approver, token=call,
+                                  reason=reason)
+            if row is None:
+                self._overdue(saga_id, seq)
         else:
-            row = machine.reject(saga_id, seq, check=check, approver=approver,
+            row = machine.reject(saga_id, seq, check=check, approver=approver, token=call,
                                  reason=reason)
         fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
         if approve:
@@ -167,3 +180,11 @@ class Gate:
             self.rt.bus.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
                                           f"{approver}: {reason or 'rejected'}")
         return saga_id, seq
+
+    def _overdue(self, saga_id: str, seq: int) -> NoReturn:
+        log.warning("saga_deadline_passed", saga_id=saga_id,
+                    detail=f"step {seq}'s approval came after the saga's deadline")
+        self.rt.bus.send_failure(saga_id, "deadline passed")
+        raise ApprovalInvalid(
+            f"saga {saga_id!r} passed its deadline before step {seq} was approved; nothing "
+            "was approved and the saga is failing (reason: deadline passed)")

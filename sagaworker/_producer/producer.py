@@ -68,12 +68,13 @@ class Producer:
                         approval_nonce=secrets.token_hex(16) if spec.gated else None)
 
     def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
-                *, expect_seq: int | None = None) -> list[tuple[int, NewEntry]]:
+                *, expect_seq: int | None = None,
+                seen: int | None = None) -> list[tuple[int, NewEntry]]:
         """Journal the steps (one transaction), then publish the ungated ones."""
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
-        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq)
+        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen)
         for e, seq in zip(new, seqs, strict=True):
             log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                      task_id=e.task_id,

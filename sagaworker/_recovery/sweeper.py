@@ -10,6 +10,7 @@ queue is not multiplied by duplicates.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -17,7 +18,6 @@ from sqlalchemy import Table, and_, func, or_, select, update
 
 from .._base.types import OPEN_VALUES, EntryRecord, Phase, SagaStatus
 from .._journal.dialect import aware, db_later, db_now
-from .._journal.repository import now
 from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
@@ -30,6 +30,7 @@ _BATCH = 500
 _MAX_BACKOFF = 3600.0
 _ASK_ROUNDS = 16  # rounds of asking the broker about a relay batch's queues
 _OPEN = list(OPEN_VALUES)
+_PENDING = [Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]  # no outcome yet
 
 
 class Sweeper:
@@ -41,11 +42,16 @@ class Sweeper:
 
     def log_orphans(self) -> int:
         rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
-        t = now()
+        t = self._clock()
         for r in rows:
             log.error("orphan_intent", saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
                       task_id=r.task_id, age_s=round((t - aware(r.created_at)).total_seconds(), 1))  # type: ignore[operator]
         return len(rows)
+
+    def _clock(self) -> datetime:
+        """The database's clock (the journal's stamps are on it, never on this host's)."""
+        with self.rt.journal.reader.connect() as conn:
+            return aware(conn.execute(select(db_now())).scalar_one())  # type: ignore[return-value]
 
     def sweep(self) -> dict[str, int]:
         """One pass; returns how many of each kind of work it sent again."""
@@ -149,17 +155,20 @@ class Sweeper:
         return n
 
     def _flows(self) -> int:
-        """Flows not replayed since their last outcome (the advance was lost with the
-        worker that journaled it, or that worker did not know the flow): sent again. Other
+        """Flows with more steps that have an outcome than their last replay read (the
+        advance was lost with the worker that journaled the outcome, or raced a replay
+        that read the journal just before it, or that worker did not know the flow), or
+        never replayed: sent again. A count, never two hosts' clocks compared. Other
         steps of the flow may still run or wait at a gate meanwhile."""
         quiet = self._ago(self.rt.settings.relay_after)
-        advanced = func.coalesce(sagas.c.advanced_at, sagas.c.created_at)
-        outcome_since = select(entries.c.saga_id).where(
-            entries.c.saga_id == sagas.c.saga_id, entries.c.executed_at > advanced)
+        outcomes = (select(func.count()).select_from(entries)
+                    .where(entries.c.saga_id == sagas.c.saga_id,
+                           entries.c.phase.not_in(_PENDING)).scalar_subquery())
         rows = self._sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
                                 sagas.c.fail_requested_at.is_(None),
                                 sagas.c.updated_at < quiet,
-                                or_(sagas.c.advanced_at.is_(None), outcome_since.exists())))
+                                or_(sagas.c.advanced_seen.is_(None),
+                                    outcomes > sagas.c.advanced_seen)))
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("flow_resumed", flow=r.flow)
@@ -192,7 +201,7 @@ class Sweeper:
                     .values(idle_reported_at=db_now())).rowcount
             if got:
                 n += 1
-                idle = (now() - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
+                idle = (self._clock() - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
                 log.error("saga_idle", saga_id=r.saga_id, idle_s=round(idle, 1),
                           detail=f"RUNNING with no step in flight and no write for "
                                  f"{round(idle)} s: complete it, or run `sagaworker abort "

@@ -176,6 +176,11 @@ class Executor:
             log.error("unknown_step" if claim.start is Start.UNKNOWN else "bad_message",
                       error=msg)
             raise Reject(msg, requeue=False)
+        if claim.overdue:  # the claim found the deadline passed: nothing more runs
+            log.warning("saga_deadline_passed",
+                        detail=f"step {seq} ({spec.name}) was not run: the saga's deadline "
+                               "passed before it started")
+            self.rt.bus.send_failure(saga_id, "deadline passed")
         if claim.start is Start.IN_DOUBT:
             log.error("step_in_doubt", attempts=claim.row.attempts)
             self._after_outcome(saga_id, claim.saga_status, f"step {seq} ({spec.name}) in doubt")

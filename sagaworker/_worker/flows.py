@@ -35,6 +35,7 @@ __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
 
 log = get_logger()
 _RESERVED = ("metadata", "deadline")
+_PENDING = (Phase.INTENT, Phase.AWAITING_APPROVAL)  # a step without an outcome yet
 
 
 @dataclass(frozen=True)
@@ -276,13 +277,16 @@ class Flows:
                       detail="this worker does not know the flow; the sweeper sends it again")
             return
         run = replay(self.rt, self.producer, spec, saga, rows)
+        # what this replay read: the sweeper re-sends the advance while more steps have an
+        # outcome than that (an outcome journaled after the read, its advance lost)
+        seen = sum(Phase(r.phase) not in _PENDING for r in rows)
         if run.kind == "waits":
-            # journaling the next steps also stamps advanced_at (one transaction); a replay
-            # that only waits on a running step or a gate stamps it alone
+            # journaling the next steps also records ``seen`` (one transaction); a replay
+            # that only waits on a running step or a gate records it alone
             if run.ctx.new:
-                self._journal_new(saga_id, run.ctx, saga.last_seq)
+                self._journal_new(saga_id, run.ctx, saga.last_seq, seen)
             else:
-                j.mark_advanced(saga_id)
+                j.mark_advanced(saga_id, seen)
             return
         if run.kind == "diverged":
             self._fail(saga_id, self._scrubbed(spec, saga, run.detail), event="flow_diverged")
@@ -301,8 +305,8 @@ class Flows:
         except BadInput as exc:
             self._fail(saga_id, str(exc))
             return
-        if any(Phase(r.phase) in (Phase.INTENT, Phase.AWAITING_APPROVAL) for r in rows):
-            j.mark_advanced(saga_id)
+        if any(Phase(r.phase) in _PENDING for r in rows):
+            j.mark_advanced(saga_id, seen)
             return  # an enqueued step still runs: its outcome advances the flow again
         try:
             self.rt.machine.complete(saga_id, result=value)
@@ -311,12 +315,12 @@ class Flows:
             return
         log.info("saga_completed", flow=spec.name)
 
-    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int) -> None:
+    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int) -> None:
         if not ctx.new:
             return
         try:
             # journaled only if the journal is still what this replay saw (last_seq)
-            self.producer.enqueue(saga_id, ctx.new, expect_seq=last_seq)
+            self.producer.enqueue(saga_id, ctx.new, expect_seq=last_seq, seen=seen)
         except BadInput as exc:
             self._fail(saga_id, str(exc))
         except SagaworkerError as exc:

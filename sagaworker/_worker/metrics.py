@@ -8,7 +8,6 @@ totals, so dashboards aggregate with max(), not sum().
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -21,8 +20,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 
 from .._base.types import Phase, SagaStatus
-from .._journal.dialect import seconds_between
-from .._journal.repository import now
+from .._journal.dialect import db_later, seconds_between
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 
@@ -46,7 +44,7 @@ class JournalCollector(Collector):
                                  .group_by(entries.c.tool_name, entries.c.compensation)).all()
             statuses: dict[str, int] = dict(conn.execute(select(sagas.c.status, func.count())
                                          .group_by(sagas.c.status)).all())
-            cutoff = now() - timedelta(seconds=self.rt.settings.orphan_after)
+            cutoff = db_later(-self.rt.settings.orphan_after)
             orphans = conn.execute(select(func.count()).select_from(entries).where(
                 entries.c.phase == Phase.INTENT.value, entries.c.created_at < cutoff)).scalar()
             secs = seconds_between(sagas.c.compensation_started_at, sagas.c.finished_at)

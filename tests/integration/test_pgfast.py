@@ -22,7 +22,6 @@ from sagaworker import Sagaworker
 from sagaworker._base.canonical import args_digest
 from sagaworker._base.types import Reversibility
 from sagaworker._journal import pgfast as _pgfast
-from sagaworker._journal.repository import now
 from sagaworker._journal.schema import entries, sagas
 from sagaworker._worker.execution import Executor
 from tests.conftest import uid
@@ -166,7 +165,7 @@ def test_a_refused_connect_is_sqlalchemys_operational_error() -> None:
     engine = create_engine(f"postgresql+psycopg://root@127.0.0.1:{port}/postgres")
     with pytest.raises(OperationalError):
         _pgfast.claim(engine, saga_id="s", seq=1, tool="t", token="x", worker="w",
-                      task_id=None, lease=5, t=now())
+                      task_id=None, lease=5)
     engine.dispose()
 
 

@@ -42,7 +42,7 @@ def test_upgrade_keeps_an_index_built_beforehand(tmp_path: Path) -> None:
     with engine.begin() as conn:
         conn.execute(text("CREATE INDEX ix_sagaworker_entries_in_doubt ON sagaworker_entries "
                           "(saga_id) WHERE in_doubt IS 1"))
-    upgrade(url)
+    upgrade(url, "0005")
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM sagaworker_alembic_version")
                             ).scalar() == "0005"

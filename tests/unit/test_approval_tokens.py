@@ -19,7 +19,19 @@ def test_round_trip() -> None:
     s = Signer("k", 60)
     body = s.verify(s.sign("saga", 3, "tool", "d" * 64, "nonce"))
     assert (body["s"], body["q"], body["t"], body["d"], body["n"]) == (
-        "saga", 3, "tool", "d" * 64, "nonce")
+        "saga", 3, "tool", s.bind("d" * 64), "nonce")
+
+
+def test_a_token_tells_nothing_of_the_arguments() -> None:
+    """The arguments' digest in a token is keyed with the secret: the plain SHA-256 of
+    the arguments (what anyone can compute for every card number) is not in it."""
+    from sagaworker._base.canonical import args_digest
+
+    digest = args_digest(["4111111111111111"], {})
+    token = Signer("k" * 32, 60).sign("saga", 3, "tool", digest, "nonce")
+    payload = json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))
+    assert digest not in json.dumps(payload)
+    assert payload["d"] != Signer("other" * 8, 60).bind(digest)
 
 
 def test_forged_and_tampered_tokens_are_refused() -> None:

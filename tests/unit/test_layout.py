@@ -281,3 +281,21 @@ def test_a_status_or_phase_is_written_only_by_a_move() -> None:
         if "migrations" not in path.parts:
             visit(ast.parse(path.read_text()), False, str(path.relative_to(PKG)))
     assert wrong == []
+
+
+def test_no_host_clock_is_written_to_the_journal() -> None:
+    """Every stamp the journal holds is the database's clock (``db_now``/``db_later``):
+    no code of the journal's moves, the repository, retention or the sweeper calls the
+    host's ``now()`` / ``datetime.now()`` outside ``repository.now`` itself (which is
+    for people to read)."""
+    wrong = []
+    for path in [*(PKG / "_journal").glob("*.py"), *(PKG / "_recovery").glob("*.py")]:
+        tree = ast.parse(path.read_text())
+        allowed = {id(n) for f in ast.walk(tree)
+                   if isinstance(f, ast.FunctionDef) and f.name == "now" for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in allowed and (
+                    getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in (
+                    "now", "utcnow", "time"):
+                wrong.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert wrong == []
