@@ -187,7 +187,13 @@ def load_flow(s: FlowContext, key: str, fail: bool = False, sleep: float = 0.0) 
             for n in (1, 2, 3)]
 
 
-FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow)
+def pays_then_raises(s: FlowContext, key: str, cc: str) -> None:
+    """Pays with ``cc`` (the pay tool's ``card``), then raises quoting it."""
+    s.call("tests.apps.cluster.pay", key, cc, 500)
+    raise RuntimeError(f"shipping failed after paying with {cc}")
+
+
+FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
