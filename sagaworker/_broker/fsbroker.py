@@ -9,7 +9,8 @@ a few hundred messages a second on the embedded defaults hit it within seconds.
 
 Here the message is written under a name no queue reads (a leading dot, a ``.part``
 suffix) in the same folder, then renamed to its real name: a rename within a folder is
-atomic, so a reader sees no file or the whole message.
+atomic, so a reader sees no file or the whole message. The file is created 0600 (the
+folders 0700, ``celery_config``): a message carries the arguments in clear.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class Channel(filesystem.Channel):
         final = os.path.join(self.data_folder_out, name)
         part = os.path.join(self.data_folder_out, f".{name}.part")
         try:
-            with open(part, "wb") as f:
+            # readable by its owner only: a message carries the arguments in clear
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(str_to_bytes(dumps(payload)))  # type: ignore[no-untyped-call]
             os.replace(part, final)
         except OSError as exc:

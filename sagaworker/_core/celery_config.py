@@ -97,8 +97,9 @@ class CeleryConfig:
             if not conf.broker_transport:
                 conf.broker_transport = FILESYSTEM_TRANSPORT
             folder = os.path.abspath(s.broker_folder)
-            for sub in ("out", "processed", "control"):
-                os.makedirs(os.path.join(folder, sub), exist_ok=True)
+            for sub in ("", "out", "processed", "control"):
+                # the owner's only (0700): the messages carry the arguments in clear
+                os.makedirs(os.path.join(folder, sub), mode=0o700, exist_ok=True)
             opts.setdefault("data_folder_in", os.path.join(folder, "out"))
             opts.setdefault("data_folder_out", os.path.join(folder, "out"))
             opts.setdefault("processed_folder", os.path.join(folder, "processed"))

@@ -14,6 +14,8 @@ from celery import Celery
 from .._base.settings import Settings
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
+from .._observe.process import active_values
+from .._observe.sanitize import celery_safe
 from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
 from .._worker.flows import Flows
@@ -45,11 +47,17 @@ def _context(task: Any) -> AbstractContextManager[Any]:
                                                    worker=task.request.hostname)
 
 
+def _safe(parts: Parts, call: Callable[[], Any]) -> Any:
+    """``call()``, an exception handed to Celery only as a redacted copy (its events show
+    it): the secret values held for this task (an undo chain's arguments) scrubbed out."""
+    return celery_safe(call, parts.settings.redact_keys, active_values)
+
+
 def add_saga_failed(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.saga_failed", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def saga_failed(self: Any, saga_id: str, reason: str | None = None) -> None:
         with _context(self):
-            parts.compensator.handle_failure(saga_id, reason)
+            _safe(parts, lambda: parts.compensator.handle_failure(saga_id, reason))
 
     return saga_failed
 
@@ -58,7 +66,7 @@ def add_compensate(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.compensate", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def compensate(self: Any, saga_id: str) -> None:
         with _context(self):
-            parts.compensator.run_chain(saga_id)
+            _safe(parts, lambda: parts.compensator.run_chain(saga_id))
 
     return compensate
 
@@ -67,7 +75,7 @@ def add_advance(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.advance", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def advance(self: Any, saga_id: str) -> None:
         with _context(self):
-            parts.flows.advance(saga_id)
+            _safe(parts, lambda: parts.flows.advance(saga_id))
 
     return advance
 
@@ -75,7 +83,7 @@ def add_advance(app: Celery, parts: Parts) -> Any:
 def add_sweep(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.sweep", **_options(parts))  # type: ignore[untyped-decorator]
     def sweep() -> None:
-        parts.sweeper.sweep()
+        _safe(parts, parts.sweeper.sweep)
 
     return sweep
 
@@ -83,7 +91,7 @@ def add_sweep(app: Celery, parts: Parts) -> Any:
 def add_orphans(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.orphans", **_options(parts))  # type: ignore[untyped-decorator]
     def orphans() -> None:
-        parts.sweeper.log_orphans()
+        _safe(parts, parts.sweeper.log_orphans)
 
     return orphans
 
@@ -92,7 +100,8 @@ def add_prune(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.prune", **_options(parts))  # type: ignore[untyped-decorator]
     def prune_journal() -> int:
         days = parts.settings.retention_days
-        return 0 if not days else prune(parts.rt.journal, days * 86400.0)
+        return 0 if not days else int(_safe(parts, lambda: prune(parts.rt.journal,
+                                                                  days * 86400.0)))
 
     return prune_journal
 

@@ -1,6 +1,7 @@
 """A worker's and beat's start-up for sagaworker (Celery signals): settings applied
 again before they are read, refusals in one line (exit 3), logging, redaction of what
-Celery shows, the dead-letter queue, metrics, and the sweeper's timer."""
+Celery shows, the dead-letter queue (undecodable messages too), metrics, and the
+sweeper's timer."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .._observe.records import Redaction
 from .._recovery.sweeper import Sweeper
 from .._worker.execution import Executor
 from .celery_config import DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, CeleryConfig
+from .celery_consumer import DeadLetterUndecodable
 from .celery_guarantees import guarantee_problems
 
 __all__ = ["Host", "WorkerStartup"]
@@ -77,6 +79,8 @@ class WorkerStartup:
         signals.worker_ready.connect(self._on_ready, weak=False, dispatch_uid=uid)
         signals.worker_shutdown.connect(self._on_shutdown, weak=False, dispatch_uid=uid)
         self._connect_redaction(uid)
+        # a message that does not decode is dead-lettered, never acked and dropped
+        self.app.steps["consumer"].add(DeadLetterUndecodable)
 
     def _on_app_configured(self, sender: Any = None, **_: Any) -> None:
         if sender is None or sender is self.app:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +33,7 @@ def make_engine(url: str) -> Engine:
     """One engine per process, tuned for its dialect."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
+        _private_file(make_url(url).database)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _sqlite_immediate_transactions(engine)
         return engine
@@ -39,6 +42,16 @@ def make_engine(url: str) -> Engine:
     # invalidates the whole pool, and the caller's transaction is replayed on a fresh one
     # (``_journal.retrying`` on the worker side, ``Journal.write`` on the producer side).
     return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
+
+
+def _private_file(path: str | None) -> None:
+    """A new SQLite journal is created readable by its owner only (0600): it holds the
+    arguments in clear. SQLite gives its WAL and shared-memory files the same mode. An
+    existing file keeps the mode it has; a folder that does not exist is reported later."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    with contextlib.suppress(OSError):  # it exists (kept as it is), or its folder does not
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def read_only(engine: Engine) -> Engine:

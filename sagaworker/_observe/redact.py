@@ -28,6 +28,7 @@ __all__ = [
     "REDACTED",
     "call_reprs",
     "error_text",
+    "exception_text",
     "redact_call",
     "redact_value",
     "scrub_text",
@@ -136,13 +137,35 @@ def secret_values(signature: Signature | None, args: Sequence[Any],
     """The values :func:`redact_call` hides by name, as text, to scrub out of free text.
 
     Only named values: positional arguments hidden because nothing names them are not
-    secrets by name, and scrubbing all of them would shred every message."""
+    secrets by name, and scrubbing all of them would shred every message. A redacted
+    parameter the call left to its default value gives that default."""
     sink: list[str] = []
     if signature is None:
         _redact(None, (), kwargs, keys, sink)
     else:
         _redact(signature, args, kwargs, keys, sink)
+        _defaults(signature, args, kwargs, frozenset(keys), sink)
     return _text_values(sink)
+
+
+def _defaults(signature: Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
+              keys: frozenset[str], sink: list[str]) -> None:
+    """The default values of the parameters a call left out: a tool that quotes one (its
+    ``card="4111..."``) must not show it either."""
+    if not keys:
+        return
+    try:
+        bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                 if k != ENVELOPE})
+    except TypeError:
+        return
+    for name, p in signature.parameters.items():
+        if name in bound.arguments or p.default is p.empty:
+            continue
+        if name in keys:
+            _secret(p.default, keys, sink)
+        else:
+            _walk(p.default, keys, False, sink)
 
 
 def _text_values(values: Iterable[str]) -> list[str]:
@@ -168,12 +191,29 @@ def scrub_text(text: str, values: Iterable[str]) -> str:
     return text
 
 
+def exception_text(exc: BaseException, keys: Iterable[str], values: Iterable[str]) -> str:
+    """The message of ``exc`` (its ``str``) redacted: arguments that are dicts or lists
+    have the values of listed keys replaced, then the given secret values are scrubbed
+    out. Only the message: a chained cause, a note or a traceback is never part of it."""
+    wanted = frozenset(keys)
+    try:
+        if type(exc).__str__ is BaseException.__str__ and wanted:
+            args = [_walk(a, wanted, False, None) if isinstance(a, Mapping | list) else a
+                    for a in exc.args]
+            text = "" if not args else str(args[0]) if len(args) == 1 else str(tuple(args))
+        else:
+            text = str(exc)
+    except Exception:  # a __str__ that raises
+        text = f"<unprintable {type(exc).__name__}>"
+    return scrub_text(text, values)
+
+
 def error_text(exc: BaseException, signature: Signature | None, args: Sequence[Any],
                kwargs: Mapping[str, Any], keys: Iterable[str]) -> str:
     """``"Type: message"`` of a tool's exception, redacted argument values scrubbed out:
     the error a worker journals and logs (``step_failed``, the saga's reason)."""
-    return scrub_text(f"{type(exc).__name__}: {exc}", secret_values(signature, args, kwargs,
-                                                                     keys))
+    values = secret_values(signature, args, kwargs, keys)
+    return f"{type(exc).__name__}: {exception_text(exc, keys, values)}"
 
 
 def call_reprs(signature: Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any],

@@ -10,9 +10,10 @@ from .._base.errors import ApprovalRejected, SagaworkerError, ToolFailed
 from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
+from .._observe.redact import exception_text, secret_values
 from .producer import Producer
 
-__all__ = ["Saga", "Step", "SyncSaga", "poll"]
+__all__ = ["Saga", "Step", "SyncSaga", "poll", "saga_secrets"]
 
 
 def poll(check: Callable[[], Any], timeout: float | None, what: str,
@@ -157,7 +158,9 @@ def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> Sag
     try:
         value = work(SyncSaga(saga, timeout))
     except Exception as exc:
-        return _fail_and_wait(saga, f"{type(exc).__name__}: {exc}", timeout)
+        keys = rt.settings.redact_keys
+        text = exception_text(exc, keys, saga_secrets(rt, saga.saga_id) if keys else ())
+        return _fail_and_wait(saga, f"{type(exc).__name__}: {text}", timeout)
     try:
         _settle(rt, saga.saga_id, timeout)
         saga.complete()
@@ -168,6 +171,18 @@ def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> Sag
     rec = rt.journal.inspect(saga.saga_id)
     return SagaResult(saga_id=saga.saga_id, status=SagaStatus.COMPLETED, value=value,
                       report=rec.report)
+
+
+def saga_secrets(rt: Runtime, saga_id: str) -> list[str]:
+    """The secret values of a saga's journaled steps (their redacted parameters): what a
+    reason written from free text (an exception of the work or a flow) must not quote."""
+    keys = rt.settings.redact_keys
+    values: set[str] = set()
+    for e in rt.journal.inspect(saga_id).entries:
+        spec = rt.registry.tool(e.tool_name)
+        values.update(secret_values(spec.signature if spec is not None else None,
+                                    e.args or [], e.kwargs or {}, keys))
+    return sorted(values, key=len, reverse=True)
 
 
 def _fail_and_wait(saga: Saga, reason: str, timeout: float) -> SagaResult:

@@ -22,7 +22,8 @@ from .._journal.machine import Claim, Held, Start, new_token, worker_label
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
-from .._observe.redact import error_text, scrub_text, secret_values
+from .._observe.redact import call_reprs, error_text, secret_values
+from .._observe.sanitize import celery_safe, is_sanitized, sanitized
 
 __all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
 
@@ -47,9 +48,22 @@ class ToolTask(Task):  # type: ignore[misc]
     sagaworker_spec: ToolSpec
     sagaworker_executor: Executor
 
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        # every publish (a Celery retry, a direct call) carries the redacted reprs: the
+        # task-sent event is built from them before any publish signal runs
+        keys = self.sagaworker_executor.rt.settings.redact_keys
+        if keys and options.get("argsrepr") is None:
+            options["argsrepr"], options["kwargsrepr"] = call_reprs(
+                self.sagaworker_spec.signature, args or (), kwargs or {}, keys)
+        return super().apply_async(args, kwargs, **options)
+
     def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
               eta: datetime | None = None, countdown: float | None = None,
               max_retries: int | None = None, **options: Any) -> Any:
+        if isinstance(exc, BaseException) and not is_sanitized(exc):
+            # Celery keeps the retry's exception (its Retry text, the task-retried event)
+            exc = sanitized(exc, *self.sagaworker_executor.secrets(
+                self.sagaworker_spec, self.request.args or (), self.request.kwargs or {}))
         # Journal when Celery's retry message is due, so the sweeper can resend it if the
         # message is lost (a SIGKILLed worker holding its ETA message, a purged queue).
         if countdown is not None:
@@ -87,10 +101,8 @@ class Failures:
 
     def raised(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
                exc: Exception, args: Any, kwargs: Any) -> None:
-        keys = self.rt.settings.redact_keys
-        _scrub_exception(exc, spec, args, kwargs, keys)
         status = self.rt.machine.release(saga_id, seq, token, error_text(
-            exc, spec.signature, args, kwargs, keys))
+            exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
         self.noted[task_id] = (saga_id, seq, token)
         if status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
@@ -141,7 +153,16 @@ class Executor:
         with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=spec.name,
                                                      task_id=task_id,
                                                      worker=task.request.hostname):
-            return self._run(task, spec, saga_id, seq, args, kwargs)
+            # Celery never holds what the tool raised: its events show a redacted copy
+            return celery_safe(lambda: self._run(task, spec, saga_id, seq, args, kwargs),
+                               self.rt.settings.redact_keys,
+                               lambda: self.secrets(spec, args, kwargs)[1])
+
+    def secrets(self, spec: ToolSpec, args: Any, kwargs: Any
+                ) -> tuple[frozenset[str], list[str]]:
+        """The redact keys, and the secret values of one call of ``spec``."""
+        keys = self.rt.settings.redact_keys
+        return keys, secret_values(spec.signature, args, kwargs, keys) if keys else []
 
     def _run(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -282,18 +303,6 @@ class Executor:
             self.rt.bus.send_failure(saga_id, reason)
         elif status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)
-
-
-def _scrub_exception(exc: BaseException, spec: ToolSpec, args: Any, kwargs: Any,
-                     keys: frozenset[str]) -> None:
-    """Redacted argument values out of the exception itself, before Celery sees it: its
-    task-failed event (Flower, ``celery events``) and retry lines carry the exception's repr
-    and traceback, which no log filter reaches."""
-    if not keys:
-        return
-    values = secret_values(spec.signature, args, kwargs, keys)
-    if values:
-        exc.args = tuple(scrub_text(a, values) if isinstance(a, str) else a for a in exc.args)
 
 
 def _envelope(env: Any) -> tuple[str, int]:

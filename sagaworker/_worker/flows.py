@@ -30,6 +30,7 @@ from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call, scrub_text, secret_values
 from .._producer.producer import Producer
+from .._producer.saga import saga_secrets
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
 
@@ -328,13 +329,15 @@ class Flows:
 
     def _scrubbed(self, spec: FlowSpec, saga: Any, text: str) -> str:
         """An error the flow's code raised, without the values of its redacted parameters
-        (the reason is journaled and logged)."""
+        nor of its steps' (the reason is journaled and logged)."""
         keys = self.rt.settings.redact_keys
         if not keys:
             return text
         values = secret_values(inspect.signature(spec.fn), [None, *(saga.flow_args or [])],
                                saga.flow_kwargs or {}, keys)
-        return scrub_text(text, values)
+        # and its steps' (the flow may hand a secret to a tool under another name)
+        return scrub_text(text, sorted({*values, *saga_secrets(self.rt, saga.saga_id)},
+                                       key=len, reverse=True))
 
     def _fail(self, saga_id: str, reason: str, *, event: str | None = None) -> None:
         if event == "flow_diverged":

@@ -113,6 +113,41 @@ class NotJson:
     pass
 
 
+class CardError(Exception):
+    """Its text comes from an attribute, through its own ``__str__``."""
+
+    def __init__(self, card: str) -> None:
+        super().__init__("declined")
+        self.card = card
+
+    def __str__(self) -> str:
+        return f"card {self.card} declined"
+
+
+#: a tool parameter's default value that SAGAWORKER_REDACT=card must hide all the same
+DEFAULT_CARD = "4000111122223333"
+
+
+def leak(card: str, shape: str) -> Exception:
+    """An exception carrying ``card`` in one of the shapes Celery would show."""
+    if shape == "dict":
+        return Boom({"card": card, "status": "declined"})
+    if shape == "cause":
+        try:
+            raise ValueError(f"gateway said: card {card} is blocked")
+        except ValueError as inner:
+            outer = Boom("payment failed")
+            outer.__cause__ = inner
+            return outer
+    if shape == "str":
+        return CardError(card)
+    if shape == "note":
+        noted = Boom("payment failed")
+        noted.add_note(f"card was {card}")
+        return noted
+    return Boom(f"card {card} declined")
+
+
 # -- flows: module level, so every worker imports them by name ------------------
 
 def three_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0) -> dict[str, Any]:
@@ -152,7 +187,13 @@ def load_flow(s: FlowContext, key: str, fail: bool = False, sleep: float = 0.0) 
             for n in (1, 2, 3)]
 
 
-FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow)
+def pays_then_raises(s: FlowContext, key: str, cc: str) -> None:
+    """Pays with ``cc`` (the pay tool's ``card``), then raises quoting it."""
+    s.call("tests.apps.cluster.pay", key, cc, 500)
+    raise RuntimeError(f"shipping failed after paying with {cc}")
+
+
+FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -161,6 +202,8 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     app = Celery("tests.apps.cluster")
     app.conf.task_default_queue = os.environ.get("TEST_DEFAULT_QUEUE", "celery")
     app.conf.broker_url = settings.broker_url
+    if os.environ.get("TEST_SENT_EVENTS") == "1":
+        app.conf.task_send_sent_event = True
     sw = Sagaworker(app, settings=settings)
     if not _url:
         _url.append(settings.database_url)
@@ -312,6 +355,30 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
             raise Boom(f"card {card} declined for {amount_cents} cents")
         record(key, "effect", "pay")
         return "paid"
+
+    @sw.tool(compensable_by="undo_pay")
+    def leaky(key: str, card: str, shape: str) -> str:
+        """Fails with ``card`` in an exception of the given shape."""
+        raise leak(card, shape)
+
+    @sw.tool(compensable_by="undo_pay", autoretry_for=(Boom,), max_retries=1,
+             default_retry_delay=0)
+    def leaky_retried(key: str, card: str, shape: str) -> str:
+        """Retried by Celery once, then fails: ``shape`` "self" asks for the retry itself
+        (``Task.retry(exc=...)``), any other shape is retried through ``autoretry_for``."""
+        if shape == "self":
+            from celery import current_task
+
+            current_task.retry(exc=leak(card, "plain"), countdown=0)
+        raise leak(card, shape)
+
+    @sw.tool(compensable_by="undo_pay")
+    def charge_default(key: str, card: str = DEFAULT_CARD, fail: bool = False) -> str:
+        """A default card, quoted by its error."""
+        if fail:
+            raise Boom(f"card {card} declined")
+        record(key, "effect", "charge_default")
+        return "charged"
 
     @sw.compensation
     def undo_pay(ctx: CompensationContext) -> None:

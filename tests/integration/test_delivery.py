@@ -258,3 +258,55 @@ def test_poison_messages_are_dead_lettered_and_the_worker_serves_on(
     key = uid("k")
     assert c.sw.saga(key, lambda s: s.call(task, key, "after"), timeout=T).status \
         is SagaStatus.COMPLETED
+
+
+BROKEN = {"not-json": (b'{"card": "4111", broken', "application/json", False),
+          "foreign-type": (b"card: 4111", "application/x-yaml", False),
+          "task-not-json": (b'[[], {"a": 1}, broken', "application/json", True),
+          "task-foreign-type": (b"- []\n- {}\n", "application/x-yaml", True)}
+
+
+def dead_letters(c: Cluster, probe: str, want: int) -> list[str]:
+    """The kinds of this test's messages in sagaworker's dead-letter queue, taken off it
+    (with whatever else waits there) as raw messages: their bodies do not decode."""
+    got: list[str] = []
+    with Connection(c.settings.broker_url) as conn:
+        q = Queue(DEAD_LETTER_QUEUE, Exchange("sagaworker.dlx", type="direct"),
+                  routing_key=DEAD_LETTER_QUEUE)(conn.channel())
+        q.declare()
+
+        def take() -> bool:
+            while (m := q.get(no_ack=True)) is not None:
+                if (m.headers or {}).get("probe") == probe:
+                    got.append(m.headers["kind"])
+            return len(got) >= want
+
+        wait_for(take, T, "the dead letters")
+    return got
+
+
+def test_undecodable_messages_are_dead_lettered_and_logged(crash_cluster: Cluster) -> None:
+    """Messages on sagaworker's queue whose body is not JSON or not of an accepted
+    content type (with and without a task header) are never acked and dropped: each
+    is dead-lettered, an error line names the queue, and the worker serves on."""
+    c = crash_cluster
+    probe = uid("probe")
+    with Connection(c.settings.broker_url) as conn:
+        producer = conn.Producer()
+        for kind, (body, ctype, as_task) in BROKEN.items():
+            headers = {"probe": probe, "kind": kind}
+            if as_task:
+                headers.update(task="sagaworker.compensate", id=str(uuid.uuid4()),
+                               lang="py", argsrepr="", kwargsrepr="")
+            producer.publish(body, routing_key=c.settings.queue, exchange="",
+                             content_type=ctype, content_encoding="utf-8", headers=headers)
+    wait_for(lambda: sum(1 for e in c.events() if e.get("event") == "undecodable_message"
+                         and e.get("queue") == c.settings.queue) >= len(BROKEN), T,
+             "an error line for each undecodable message")
+    lines = [e for e in c.events() if e.get("event") == "undecodable_message"]
+    assert all(e["level"] == "error" and DEAD_LETTER_QUEUE in e["detail"] for e in lines)
+    assert "4111" not in " ".join(str(e) for e in lines)
+    assert sorted(dead_letters(c, probe, len(BROKEN))) == sorted(BROKEN)
+    key = uid("k")
+    assert c.sw.saga(key, lambda s: s.call(c.tool("step"), key, "after"), timeout=T).status \
+        is SagaStatus.COMPLETED

@@ -90,3 +90,39 @@ def test_secrets_leave_no_trace_in_any_process_output(
         assert s not in text, f"a secret is in the worker log ({c.workers[0][1]})"
         assert s not in produced.out + produced.err
         assert s not in caplog.text
+
+
+def test_a_work_or_flow_exception_quoting_a_secret_leaves_it_out_of_the_reason(
+        red_cluster: Cluster) -> None:
+    """``sw.saga``'s work and a flow raise quoting a card they paid with (and, for the
+    work, a dict with another card under the redacted key): the journaled reason and
+    the ``saga_failed`` event keep the exception's type and text, the cards scrubbed."""
+    from tests.apps.cluster import pays_then_raises
+
+    c = red_cluster
+    pay = c.tool("pay")
+    paid, other, flowed = secret(), secret(), secret()
+    k1, k2 = uid("k"), uid("k")
+
+    def work(s: Any) -> None:
+        s.call(pay, k1, paid, 700)
+        raise RuntimeError(f"order failed after paying with {paid}", {"card": other})
+
+    res = c.sw.saga(k1, work, timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    c.sw.start(k2, pays_then_raises, k2, flowed)
+    res2 = c.sw.get(k2).wait(T)
+    assert res2.status is SagaStatus.COMPENSATED
+    wait_for(lambda: all(any(e.get("event") == "saga_compensated" for e in c.events(k))
+                         for k in (k1, k2)), T, "both chains logged")
+    reasons = [c.sw.inspect(k1).reason or "", c.sw.inspect(k2).reason or ""]
+    assert reasons[0] == (f"RuntimeError: ('order failed after paying with {REDACTED}', "
+                          f"{{'card': '{REDACTED}'}})")
+    assert reasons[1] == ("the flow raised RuntimeError: shipping failed after paying with "
+                          f"{REDACTED}")
+    logged = [e["reason"] for k in (k1, k2) for e in c.events(k)
+              if e.get("event") == "saga_failed"]
+    assert len(logged) == 2
+    for s in (paid, other, flowed):
+        assert s not in " ".join(reasons + logged)
+        assert s not in worker_log(c)
