@@ -59,6 +59,15 @@ def parse_keys(raw: str) -> list[str]:
     return keys
 
 
+def fingerprint(key: str) -> str:
+    """A key's name in the journal: which key sealed its values, telling nothing of it."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key.encode(), b"sagaworker key fingerprint",
+                    hashlib.sha256).hexdigest()[:16]
+
+
 class Cipher:
     """The keys of ``SAGAWORKER_ENCRYPTION_KEYS``: seals with the first, opens with any."""
 
@@ -67,6 +76,8 @@ class Cipher:
 
         if not keys:
             raise ConfigurationError(f"{SETTING} holds no key; make one with: {MAKE_KEY}")
+        #: the keys' fingerprints, the sealing key's first
+        self.fingerprints = [fingerprint(k) for k in keys]
         self._first = Fernet(keys[0])
         self._all = MultiFernet([Fernet(k) for k in keys])
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import functools
 
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, delete, insert, inspect, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
+from .._base.crypto import Cipher
 from .._base.errors import ConfigurationError
+from .schema import facts
 
-__all__ = ["check_journal", "masked", "unreachable"]
+__all__ = ["check_journal", "check_keys", "masked", "unreachable"]
 
 VERSION_TABLE = "sagaworker_alembic_version"
+_KEY = "key:"  # a fact naming a key values are sealed with
 
 
 def masked(url: str) -> str:
@@ -81,6 +84,42 @@ def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
         raise ConfigurationError(
             f"the journal's schema in {masked(url)} has no revision: run `sagaworker -A "
             "MODULE db upgrade`")
+
+
+def check_keys(engine: Engine, cipher: Cipher | None) -> None:
+    """Refuse a process that could not read the journal's values: the journal names every
+    key its values are sealed with (``sagaworker_facts``, by fingerprint); a process that
+    holds no key, or not all of those, would write values in clear or under a key nobody
+    else has, and fail every reader after it. A process with keys records its sealing
+    key's fingerprint."""
+    mine = cipher.fingerprints if cipher is not None else []
+    with engine.begin() as conn:
+        sealed = {n[len(_KEY):] for n in conn.execute(
+            select(facts.c.name).where(facts.c.name.like(f"{_KEY}%"))).scalars()}
+        missing = sorted(sealed - set(mine))
+        if missing and not mine:
+            raise ConfigurationError(
+                f"the journal's values are sealed with a key (fingerprint {', '.join(missing)})"
+                " and this process holds no key: set SAGAWORKER_ENCRYPTION_KEYS to the "
+                "journal's keys (docs/encryption.md)")
+        if missing:
+            raise ConfigurationError(
+                f"SAGAWORKER_ENCRYPTION_KEYS holds no key the journal's values are sealed "
+                f"with (fingerprint {', '.join(missing)}; this process holds "
+                f"{', '.join(mine)}): list that key too, after the current first one")
+        if mine and mine[0] not in sealed:
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(facts).values(name=_KEY + mine[0], value="seals"))
+            except IntegrityError:
+                pass  # another process recorded it a moment ago
+
+
+def forget_keys(conn: Connection, cipher: Cipher) -> None:
+    """Every value is sealed with the first key now (``db rotate-key`` finished): the
+    journal names that key only."""
+    conn.execute(delete(facts).where(facts.c.name.like(f"{_KEY}%"),
+                                     facts.c.name != _KEY + cipher.fingerprints[0]))
 
 
 def _is_connect_error(exc: DBAPIError) -> bool:

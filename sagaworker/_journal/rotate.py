@@ -17,6 +17,7 @@ from sqlalchemy.sql import type_coerce
 
 from .._base.crypto import SETTING, Cipher, SealedJSON, is_sealed
 from .._base.errors import ConfigurationError
+from .readiness import forget_keys
 from .repository import retrying
 from .schema import entries, sagas
 
@@ -43,6 +44,8 @@ def rotate_keys(engine: Engine, cipher: Cipher | None, *, batch: int = 100) -> i
         done, after = _rotate_batch(engine, cipher, after, batch)
         rewritten += done
         if after is None:
+            with engine.begin() as conn:
+                forget_keys(conn, cipher)
             return rewritten
 
 

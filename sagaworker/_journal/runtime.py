@@ -15,7 +15,7 @@ from .._base.registry import Registry
 from .._base.settings import Settings
 from .dialect import make_engine
 from .machine import Machine
-from .readiness import check_journal, masked, unreachable
+from .readiness import check_journal, check_keys, masked, unreachable
 from .repository import Journal
 
 __all__ = ["Bus", "Runtime"]
@@ -77,6 +77,7 @@ class Runtime:
                         # a mistake is named now, in one line, never as a raw SQL
                         # error in the middle of a request; checked again next time
                         check_journal(engine, url, made_here=sqlite)
+                        check_keys(engine, self.cipher)
                     except ConfigurationError:
                         engine.dispose()
                         raise

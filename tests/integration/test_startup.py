@@ -19,7 +19,8 @@ pytestmark = pytest.mark.services
 UNREACHABLE = "postgresql+psycopg://shop:hunter2-secret@127.0.0.1:1/shop"
 
 
-def _worker(tmp_path: Path, database_url: str, secret: str) -> subprocess.CompletedProcess[str]:
+def _worker(tmp_path: Path, database_url: str, secret: str,
+            keys: str = "") -> subprocess.CompletedProcess[str]:
     """`celery -A tests.apps.cluster worker` as a user starts it; it must exit by itself."""
     need("rabbitmq", _broker(BROKERS["rabbitmq"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
@@ -28,7 +29,8 @@ def _worker(tmp_path: Path, database_url: str, secret: str) -> subprocess.Comple
                SAGAWORKER_DATABASE_URL=database_url,
                SAGAWORKER_BROKER_URL=BROKERS["rabbitmq"],
                SAGAWORKER_QUEUE=f"sw-start-{uuid.uuid4().hex[:6]}",
-               SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0")
+               SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0",
+               SAGAWORKER_ENCRYPTION_KEYS=keys)
     return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.apps.cluster", "worker",
                            "-c", "1", "--without-gossip", "--without-mingle"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -179,3 +181,26 @@ def test_free_text_with_a_nul_is_journaled_on_postgresql(pg_url: str) -> None:
     assert sw.inspect(saga_id).reason == "aborted by op: card\\x00declined"
     with pytest.raises(SagaworkerError, match="NUL"):
         sw.abort(saga_id, reason="again", actor="o\x00p")
+
+
+@pytest.mark.parametrize("keys", ["", "other"])
+def test_a_worker_without_the_journals_key_refuses_to_start(tmp_path: Path, fresh_pg_url: str,
+                                                            keys: str) -> None:
+    """A journal whose values are sealed with a key: a worker with no key, or another one,
+    would run steps (the claim reads no sealed column) and write their results in clear or
+    under a key nobody else has. It refuses to start, naming the setting, never the key."""
+    from celery import Celery
+    from cryptography.fernet import Fernet
+
+    from sagaworker._base.crypto import fingerprint
+    from sagaworker._journal.migrate import upgrade
+
+    upgrade(fresh_pg_url)
+    key = Fernet.generate_key().decode()
+    producer = Sagaworker(Celery("p", broker="memory://"), settings=Settings(
+        database_url=fresh_pg_url, encryption_keys=key))
+    producer.check_ready()  # the journal now names the key its values are sealed with
+    other = Fernet.generate_key().decode() if keys else ""
+    line = _refusal(_worker(tmp_path, fresh_pg_url, TEST_SECRET, other))
+    assert "SAGAWORKER_ENCRYPTION_KEYS" in line and fingerprint(key) in line
+    assert key not in line and (not other or other not in line)
