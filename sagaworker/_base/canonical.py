@@ -166,6 +166,17 @@ def bad_argument(signature: inspect.Signature | None, args: Any, kwargs: Any) ->
     return None
 
 
+def check_size(encoded: str, what: str, limit: int) -> None:
+    """Refuse a value whose JSON (``encoded``) is over ``limit`` bytes: the journal and
+    every message would carry it (SAGAWORKER_MAX_ARGS_BYTES)."""
+    size = len(encoded.encode())
+    if size > limit:
+        raise BadInput(
+            f"{what} are {size} bytes, over the {limit}-byte limit "
+            "(SAGAWORKER_MAX_ARGS_BYTES); pass a reference (an id, a URL) instead of the "
+            "data; nothing was journaled")
+
+
 def storable(text: str) -> str:
     """Free text (a reason) as the journal can hold it: a NUL written as ``\\x00``."""
     return text.replace("\x00", "\\x00")

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from celery import Celery
 
-from .._base.canonical import check_json, check_text, storable
+from .._base.canonical import check_json, check_size, check_text, storable
 from .._base.errors import BadInput, ConfigurationError, SagaNotFound
 from .._base.registry import Registry, ToolSpec
 from .._base.settings import Settings
@@ -183,9 +183,13 @@ class Sagaworker:
         """Journal a flow saga and hand it to the workers; returns at once."""
         self.ensure_valid()
         _check_id(saga_id)
-        check_json(metadata or {}, "saga metadata")
+        self._check_metadata(metadata)
         self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline))
         return Saga(self.rt, self.producer, saga_id)
+
+    def _check_metadata(self, metadata: dict[str, Any] | None) -> None:
+        check_size(check_json(metadata or {}, "saga metadata"), "the saga's metadata",
+                   self.settings.max_args_bytes)
 
     def abort(self, saga_id: str, *, reason: str, actor: str) -> None:
         """An operator fails a running saga; it compensates (event ``saga_aborted``)."""
@@ -209,7 +213,7 @@ class Sagaworker:
         """Journal a new RUNNING saga; SagaExists if the id is taken."""
         self.ensure_valid()
         _check_id(saga_id)
-        check_json(metadata or {}, "saga metadata")
+        self._check_metadata(metadata)
         self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline))
         return Saga(self.rt, self.producer, saga_id)
 

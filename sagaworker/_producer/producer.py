@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .._base.canonical import args_digest, bad_argument, canonical_args, storable
+from .._base.canonical import args_digest, bad_argument, canonical_args, check_size, storable
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE
@@ -56,12 +56,8 @@ class Producer:
         if spec.gated:
             # a gate that nobody could ever decide must not be journaled
             signer_for(self.rt.settings).check()
-        limit = self.rt.settings.max_args_bytes
-        if len(encoded.encode()) > limit:
-            raise BadInput(
-                f"arguments of tool {spec.name!r} are {len(encoded.encode())} bytes, over "
-                f"the {limit}-byte limit (SAGAWORKER_MAX_ARGS_BYTES); pass a reference "
-                "(an id, a URL) instead of the data")
+        check_size(encoded, f"arguments of tool {spec.name!r}",
+                   self.rt.settings.max_args_bytes)
         return NewEntry(tool_name=spec.name, args=list(args), kwargs=dict(kwargs),
                         args_digest=args_digest(args, kwargs), queue=spec.queue,
                         task_id=str(uuid.uuid4()), gated=spec.gated,

@@ -17,7 +17,13 @@ from typing import Any
 
 import structlog
 
-from .._base.canonical import args_digest, bad_argument, check_json
+from .._base.canonical import (
+    args_digest,
+    bad_argument,
+    canonical_args,
+    check_json,
+    check_size,
+)
 from .._base.errors import (
     ApprovalRejected,
     BadInput,
@@ -253,6 +259,8 @@ class Flows:
                            args, kwargs)
         if bad is not None:
             check_json([args, kwargs], f"the arguments of flow {spec.name!r} ({bad})")
+        check_size(canonical_args(args, kwargs), f"the arguments of flow {spec.name!r}",
+                   self.rt.settings.max_args_bytes)
         self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
                                     flow=spec.name, flow_args=list(args),
                                     flow_kwargs=dict(kwargs))

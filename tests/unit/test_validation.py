@@ -130,3 +130,27 @@ def test_producer_validates_before_the_first_saga(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError):
         sw.begin("s-1")
     assert sw.sagas() == []
+
+
+def test_metadata_and_flow_arguments_keep_the_size_limit(tmp_path: Path) -> None:
+    """A saga's metadata and a flow's arguments are journaled and carried like a step's
+    arguments: over SAGAWORKER_MAX_ARGS_BYTES they are refused, naming the setting, and
+    nothing is journaled."""
+    from sagaworker import BadInput, Settings
+
+    sw = Sagaworker(Celery("v", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'v.db'}", broker_url="memory://",
+        max_args_bytes=1000))
+    sw.flow()(big_flow)
+    blob = "x" * 2000
+    with pytest.raises(BadInput, match=r"the saga's metadata are .* \(SAGAWORKER_MAX_ARGS_BYTES"):
+        sw.begin("m-1", metadata={"blob": blob})
+    with pytest.raises(BadInput, match="SAGAWORKER_MAX_ARGS_BYTES"):
+        sw.start("m-2", big_flow, blob)
+    with pytest.raises(BadInput, match="SAGAWORKER_MAX_ARGS_BYTES"):
+        sw.start("m-3", big_flow, "small", metadata={"blob": blob})
+    assert [r.saga_id for r in sw.sagas()] == []
+
+
+def big_flow(s: object, data: str) -> str:
+    return data
