@@ -29,8 +29,8 @@ class GateMoves(MoveBase):
         again, the entry is no longer waiting), once ``check`` (the token's) passed."""
         saga = self.j.lock_saga(conn, saga_id)
         row = self.j.entry(conn, saga_id, seq)
-        if row is not None and row.decided_by == token:
-            return saga, row, True
+        if row is not None and (row.decided_by == token or saga.fail_token == token):
+            return saga, row, True  # (or our own refusal: the deadline had passed)
         check(saga, row)
         return saga, row, False
 

@@ -5,14 +5,16 @@ schema is missing or older than the code (`sagaworker db upgrade`)."""
 from __future__ import annotations
 
 import functools
+from typing import cast
 
-from sqlalchemy import Connection, Engine, delete, insert, inspect, select, text
+from sqlalchemy import JSON, Connection, Engine, delete, insert, inspect, select, text, type_coerce
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from .._base.crypto import Cipher
+from .._base.crypto import Cipher, is_sealed
 from .._base.errors import ConfigurationError
-from .schema import facts
+from .schema import facts, sagas
 
 __all__ = ["check_journal", "check_keys", "masked", "unreachable"]
 
@@ -107,12 +109,32 @@ def check_keys(engine: Engine, cipher: Cipher | None) -> None:
                 f"SAGAWORKER_ENCRYPTION_KEYS holds no key the journal's values are sealed "
                 f"with (fingerprint {', '.join(missing)}; this process holds "
                 f"{', '.join(mine)}): list that key too, after the current first one")
+        if not sealed or (mine and mine[0] not in sealed):
+            # the journal names no key yet (upgraded from a release before the names), or
+            # a new one would be named: a value it holds sealed must open with our keys
+            _opens_a_sample(conn, cipher)
         if mine and mine[0] not in sealed:
             try:
                 with conn.begin_nested():
                     conn.execute(insert(facts).values(name=_KEY + mine[0], value="seals"))
             except IntegrityError:
                 pass  # another process recorded it a moment ago
+
+
+def _opens_a_sample(conn: Connection, cipher: Cipher | None) -> None:
+    """Refuse unless the newest sealed metadata among the last sagas opens with ``cipher``
+    (a process never names a key the journal was not written with)."""
+    raw = type_coerce(sagas.c.metadata, JSON().with_variant(JSONB(), "postgresql"))
+    for value in conn.execute(select(raw).order_by(sagas.c.created_at.desc())
+                              .limit(20)).scalars():
+        if is_sealed(value):
+            if cipher is None:
+                raise ConfigurationError(
+                    "the journal's values are sealed with a key and this process holds no "
+                    "key: set SAGAWORKER_ENCRYPTION_KEYS to the journal's keys "
+                    "(docs/encryption.md)")
+            cipher.open(cast(dict[str, str], value), "the journal's newest sealed metadata")
+            return
 
 
 def forget_keys(conn: Connection, cipher: Cipher) -> None:

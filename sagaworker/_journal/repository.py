@@ -41,7 +41,7 @@ from .dialect import db_later, db_now, is_busy, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
 from .rows import idempotency_key, to_saga_record
-from .schema import audit, entries, metadata, sagas
+from .schema import audit, entries, sagas
 
 __all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
 
@@ -161,7 +161,10 @@ class Journal:
                 lost_replayed = True
 
     def create_all(self) -> None:
-        metadata.create_all(self.engine)
+        """The embedded journal's tables, stamped with the code's revision (``embedded``)."""
+        from .embedded import set_up
+
+        set_up(self.engine, self.engine.url.render_as_string(hide_password=False))
 
     # -- helpers -----------------------------------------------------------------
 
@@ -194,10 +197,10 @@ class Journal:
         return conn.execute(stmt).rowcount
 
     def audit(self, conn: Connection, saga_id: str, seq: int | None, action: str,
-              actor: str | None, detail: str | None = None) -> None:
+              actor: str | None, detail: str | None = None, token: str | None = None) -> None:
         conn.execute(insert(audit).values(saga_id=saga_id, seq=seq, action=action,
                                           **_storable({"actor": actor, "detail": detail}),
-                                          at=db_now()))
+                                          at=db_now(), token=token))
 
     # -- producer ----------------------------------------------------------------
 

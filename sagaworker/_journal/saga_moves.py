@@ -17,7 +17,7 @@ from .moves_base import (
     new_token,
 )
 from .repository import retrying
-from .schema import entries
+from .schema import audit, entries
 
 __all__ = ["SagaMoves"]
 
@@ -55,14 +55,15 @@ class SagaMoves(MoveBase):
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r}")
             status = SagaStatus(saga.status)
-            if saga.fail_token == token:  # our own abort, whose COMMIT reply was lost
+            if conn.execute(select(audit.c.id).where(  # our own abort, its COMMIT reply lost
+                    audit.c.saga_id == saga_id, audit.c.token == token)).first() is not None:
                 return SagaStatus.RUNNING if status not in OPEN else status
             if status not in OPEN:
                 raise SagaworkerError(
                     f"saga {saga_id!r} is {status.value}; only a RUNNING or AWAITING_APPROVAL "
                     "saga can be aborted")
             self._request_failure(conn, saga, f"aborted by {actor}: {reason}", token)
-            self.j.audit(conn, saga_id, None, "abort", actor, reason)
+            self.j.audit(conn, saga_id, None, "abort", actor, reason, token)
             return status
 
     def fail_overdue(self, saga_id: str) -> Any:

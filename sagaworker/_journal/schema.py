@@ -168,6 +168,8 @@ audit = Table(
     Column("actor", String(200)),
     Column("detail", Text),
     Column("at", _ts, nullable=False),
+    # the token of the move that wrote it: its replay after a lost COMMIT writes no second
+    Column("token", String(32)),
     Index("ix_sagaworker_audit_saga", "saga_id", "at"),
 )
 

@@ -4,6 +4,7 @@ decide its approval gate. Each is one guarded compare-and-set transaction (the r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
@@ -86,8 +87,8 @@ class StepMoves(MoveBase):
         status = SagaStatus(saga.status)
         overdue = saga.fail_token == token  # this claim asked (its COMMIT reply lost)
         settled = _settled(row, tool, token, status, overdue)
-        if settled is not None:
-            return settled
+        if settled is not None:  # (overdue: this claim asked, whatever it answered)
+            return replace(settled, overdue=overdue)
         died = row.lease_until is not None  # started, lease lapsed, no outcome journaled
         failing = status not in OPEN or saga.fail_requested_at is not None
         if not failing and self._overdue(conn, saga):

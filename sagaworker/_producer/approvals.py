@@ -20,6 +20,7 @@ from .._journal.moves_base import new_token
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe.logging import get_logger
+from .deadlines import deadline_passed
 
 __all__ = ["Gate", "Signer", "signer_for"]
 
@@ -182,9 +183,8 @@ class Gate:
         return saga_id, seq
 
     def _overdue(self, saga_id: str, seq: int) -> NoReturn:
-        log.warning("saga_deadline_passed", saga_id=saga_id,
-                    detail=f"step {seq}'s approval came after the saga's deadline")
-        self.rt.bus.send_failure(saga_id, "deadline passed")
+        deadline_passed(self.rt, saga_id,
+                        f"step {seq}'s approval came after the saga's deadline")
         raise ApprovalInvalid(
             f"saga {saga_id!r} passed its deadline before step {seq} was approved; nothing "
             "was approved and the saga is failing (reason: deadline passed)")

@@ -24,6 +24,7 @@ from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
+from .._producer.deadlines import deadline_passed
 
 __all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
 
@@ -198,10 +199,8 @@ class Executor:
                       error=msg)
             raise Reject(msg, requeue=False)
         if claim.overdue:  # the claim found the deadline passed: nothing more runs
-            log.warning("saga_deadline_passed",
-                        detail=f"step {seq} ({spec.name}) was not run: the saga's deadline "
-                               "passed before it started")
-            self.rt.bus.send_failure(saga_id, "deadline passed")
+            deadline_passed(self.rt, saga_id, f"step {seq} ({spec.name}) was not run: the "
+                                              "saga's deadline passed before it started")
         if claim.start is Start.IN_DOUBT:
             log.error("step_in_doubt", attempts=claim.row.attempts)
             self._after_outcome(saga_id, claim.saga_status, f"step {seq} ({spec.name}) in doubt")

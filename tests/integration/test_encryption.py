@@ -316,3 +316,28 @@ def test_cli_rotate_key(tmp_path: Path) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["metadata"] == {"customer": SSN}
     r = cli("show", "s-1", "--json", keys=None)
     assert r.returncode != 0 and "SAGAWORKER_ENCRYPTION_KEYS" in r.stderr
+
+
+def test_a_journal_sealed_before_keys_were_named_refuses_the_wrong_processes(
+        make_sw: Any, db_url: str) -> None:
+    """A journal encrypted by a release that named no key (its facts empty, as an upgrade
+    leaves them): a process with no key, or with another key, is refused at start (and
+    names nothing, so it locks nobody out); the right key starts and is named."""
+    from sqlalchemy import create_engine, delete, select
+
+    from sagaworker._journal.schema import facts
+
+    run_sagas(make_sw(KEY_A))
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(delete(facts))
+    with pytest.raises(ConfigurationError, match="holds no key: set SAGAWORKER_ENCRYPTION"):
+        make_sw(None).check_ready()
+    with pytest.raises(ConfigurationError, match="none of the keys in SAGAWORKER_ENCRYPTION"):
+        make_sw(KEY_B).check_ready()
+    with engine.connect() as conn:
+        assert conn.execute(select(facts.c.name)).all() == []
+    make_sw(KEY_A).check_ready()
+    with engine.connect() as conn:
+        assert len(conn.execute(select(facts.c.name)).all()) == 1
+    engine.dispose()

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select, update
 from structlog.testing import capture_logs
 
-from sagaworker import CompensationContext, Reversibility, SagaStatus, Sagaworker
+from sagaworker import ApprovalInvalid, CompensationContext, Reversibility, SagaStatus, Sagaworker
 from sagaworker._journal.dialect import db_later
 from sagaworker._journal.machine import Start, UndoClaim
 from sagaworker._journal.schema import audit, entries, sagas
@@ -196,3 +196,39 @@ def test_an_approval_that_lost_its_reply_is_granted(sw: Sagaworker) -> None:
     assert left == [0]
     assert ("step", saga_id, 1) in sw.rt.bus.sent  # type: ignore[attr-defined]
     assert sw.inspect(saga_id).entries[0].approved_by == "ops"
+
+
+def test_an_abort_of_a_failing_saga_that_lost_its_reply_is_audited_once(
+        sw: Sagaworker) -> None:
+    """A step failed (the saga is asked to fail, its handler has not run) and an operator
+    aborts it too; the reply is lost. Replayed, the abort writes no second audit row."""
+    saga_id = new_id()
+    sw.begin(saga_id)
+    sw.machine.request_failure(saga_id, "a step failed")
+    with lose_commit_reply(sw) as left:
+        sw.abort(saga_id, reason="stop it", actor="ops")
+    assert left == [0]
+    with sw.journal.reader.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(audit).where(
+            audit.c.saga_id == saga_id, audit.c.action == "abort")).scalar()
+    assert n == 1
+
+
+def test_an_approval_refused_for_its_deadline_answers_the_same_when_replayed(
+        sw: Sagaworker) -> None:
+    """The gate refuses an approval after the deadline and asks the saga to fail; the
+    reply is lost. Replayed, it refuses for the deadline again (the event logged once with
+    its deadline, the failure sent), not as 'its gates are closed'."""
+    saga_id = new_id()
+    sw.begin(saga_id, deadline=30).enqueue(f"{_M}.ship", 1)
+    (token,) = [a.token for a in sw.pending_approvals() if a.saga_id == saga_id]
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
+                     .values(deadline_at=db_later(-1)))
+    with capture_logs() as logs, lose_commit_reply(sw) as left, \
+            pytest.raises(ApprovalInvalid, match="passed its deadline"):
+        sw.approve(token, approver="ops")
+    assert left == [0]
+    (event,) = events(logs, "saga_deadline_passed")
+    assert event["deadline_at"] is not None
+    assert ("failure", saga_id, "deadline passed") in sw.rt.bus.sent  # type: ignore[attr-defined]

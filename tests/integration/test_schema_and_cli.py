@@ -224,3 +224,44 @@ def test_show_a_flow_and_abort_it(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     d = json.loads(_cli(["show", "flow-1", "--json"], tmp_path, env).stdout)
     assert d["reason"] == f"aborted by {getpass.getuser()}: customer left"
+
+
+def test_an_embedded_journal_of_an_earlier_release_carries_on(tmp_path: Path) -> None:
+    """The embedded journal an earlier release made (its tables, no revision: it was never
+    migrated) is completed at start (the columns it lacks, the revision stamped): steps run,
+    the sweeper sweeps, and `db upgrade` works on it afterwards. One stamped with an
+    earlier revision is migrated at start."""
+    from celery import Celery
+
+    from sagaworker import Sagaworker, Settings
+    from sagaworker._journal.readiness import _revisions
+    from tests.integration.test_clocks import Bus
+
+    head = _revisions()[0]
+    for name, stamped in (("made.db", False), ("stamped.db", True)):
+        url = f"sqlite:///{tmp_path / name}"
+        upgrade(url, "0005")
+        engine = create_engine(url)
+        if not stamped:
+            with engine.begin() as conn:
+                conn.execute(text("DROP TABLE sagaworker_alembic_version"))
+        sw = Sagaworker(Celery("old", broker="memory://"), settings=Settings(
+            database_url=url, broker_url="memory://"))
+
+        @sw.tool()
+        def plain(n: int) -> int:
+            return n
+
+        sw.rt.bus = Bus()  # type: ignore[assignment]
+        sw.begin("e-1").enqueue(plain, 1)
+        tool = sw.inspect("e-1").entries[0].tool_name
+        assert sw.machine.claim_start("e-1", 1, tool, token="t", worker="w",
+                                      idempotent=False, task_id=None).attempt == 1
+        assert sw.machine.executed("e-1", 1, "t", 1, 1.0).applied
+        sw.sweeper.sweep()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM sagaworker_alembic_version")
+                                ).scalar() == head
+        upgrade(url)
+        sw.rt.journal.engine.dispose()
+        engine.dispose()

@@ -10,7 +10,8 @@ compared two hosts' clocks before, and lost advances that raced a replay).
 ``sagaworker_sagas.fail_token`` and ``sagaworker_entries.decided_by``: the token of the
 move that asked a saga to fail (abort, deadline) or journaled an entry's outcome from
 outside its attempt (found in doubt, cancelled), so that the move replayed after a lost
-COMMIT reply answers as its first run did, pages included. ``sagaworker_facts``: the
+COMMIT reply answers as its first run did, pages included; ``sagaworker_audit.token``
+likewise for an operator's action. ``sagaworker_facts``: the
 fingerprint of the key values are sealed with.
 """
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column('fail_token', sa.String(32), nullable=True))
     with op.batch_alter_table('sagaworker_entries') as batch:
         batch.add_column(sa.Column('decided_by', sa.String(32), nullable=True))
+    with op.batch_alter_table('sagaworker_audit') as batch:
+        batch.add_column(sa.Column('token', sa.String(32), nullable=True))
     op.create_table('sagaworker_facts',
                     sa.Column('name', sa.String(64), primary_key=True),
                     sa.Column('value', sa.Text(), nullable=False))
@@ -37,6 +40,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table('sagaworker_facts')
+    with op.batch_alter_table('sagaworker_audit') as batch:
+        batch.drop_column('token')
     with op.batch_alter_table('sagaworker_entries') as batch:
         batch.drop_column('decided_by')
     with op.batch_alter_table('sagaworker_sagas') as batch:
