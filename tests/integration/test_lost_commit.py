@@ -96,6 +96,12 @@ def executed(sw: Sagaworker, saga_id: str, seq: int, tool: str) -> None:
     assert sw.machine.executed(saga_id, seq, token, seq, 1.0).applied
 
 
+def abort_rows(sw: Sagaworker, saga_id: str) -> int:
+    with sw.journal.reader.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(audit).where(
+            audit.c.saga_id == saga_id, audit.c.action == "abort")).scalar() or 0)
+
+
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"] == name]
 
@@ -179,10 +185,7 @@ def test_an_abort_that_lost_its_reply_is_audited_once(sw: Sagaworker) -> None:
     with lose_commit_reply(sw) as left:
         sw.abort(saga_id, reason="stop it", actor="ops")
     assert left == [0]
-    with sw.journal.reader.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(audit).where(
-            audit.c.saga_id == saga_id, audit.c.action == "abort")).scalar()
-    assert n == 1
+    assert abort_rows(sw, saga_id) == 1
 
 
 def test_an_approval_that_lost_its_reply_is_granted(sw: Sagaworker) -> None:
@@ -208,10 +211,7 @@ def test_an_abort_of_a_failing_saga_that_lost_its_reply_is_audited_once(
     with lose_commit_reply(sw) as left:
         sw.abort(saga_id, reason="stop it", actor="ops")
     assert left == [0]
-    with sw.journal.reader.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(audit).where(
-            audit.c.saga_id == saga_id, audit.c.action == "abort")).scalar()
-    assert n == 1
+    assert abort_rows(sw, saga_id) == 1
 
 
 def test_an_approval_refused_for_its_deadline_answers_the_same_when_replayed(
