@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 from sagaworker import Sagaworker
 
 from . import api, dashboard
-from .api import ValidationFailed
+from .api import SagaIdConverter, ValidationFailed
 from .auth import READ_ONLY, WebAuth
 
 __all__ = ["ValidationFailed", "WebAuth", "create_app"]
@@ -50,6 +50,7 @@ def create_app(sw: Sagaworker, *, auth: WebAuth | None = None) -> Flask:
     app.extensions["sagaworker_auth"] = web_auth = auth if auth is not None else WebAuth.from_env()
     if not web_auth.configured:
         app.logger.warning("read-only: %s", READ_ONLY)
+    app.url_map.converters["saga_id"] = SagaIdConverter
     app.register_blueprint(api.bp)
     app.register_blueprint(dashboard.bp)
     dashboard.register_filters(app)

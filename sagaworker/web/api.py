@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
+from urllib.parse import quote
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.routing import PathConverter
 
 from sagaworker import (
     ApprovalInvalid,
@@ -23,7 +25,8 @@ from .auth import READ_ONLY, Identity, Unauthorized, WebAuth
 from .queries import idle_sagas
 from .serialize import approval_json, saga_json
 
-__all__ = ["ValidationFailed", "auth", "bp", "error", "json_body", "operator", "sw_of"]
+__all__ = ["SagaIdConverter", "ValidationFailed", "auth", "bp", "error", "json_body",
+           "operator", "sw_of"]
 
 bp = Blueprint("api", __name__)
 
@@ -36,6 +39,19 @@ class ValidationFailed(ValueError):
     def __init__(self, reasons: dict[str, str]) -> None:
         super().__init__("; ".join(f"{k}: {v}" for k, v in reasons.items()))
         self.reasons = reasons
+
+
+class SagaIdConverter(PathConverter):
+    """``<saga_id:...>``: a saga id in a URL, built percent-encoded as one path segment
+    (``/``, ``?``, ``#`` and ``%`` included), so no link or button built from an id like
+    ``x/../../sagas/victim`` leads a browser to another saga. A WSGI server decodes
+    ``%2F`` before routing, so the route matches across ``/`` to get the id back whole."""
+
+    regex = ".+?"
+    part_isolating = False
+
+    def to_url(self, value: Any) -> str:
+        return quote(str(value), safe="")
 
 
 def sw_of() -> Sagaworker:
@@ -97,7 +113,7 @@ def list_sagas() -> Reply:
     return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
 
 
-@bp.get("/sagas/<path:saga_id>")
+@bp.get("/sagas/<saga_id:saga_id>")
 def get_saga(saga_id: str) -> Reply:
     sw = sw_of()
     try:
@@ -292,7 +308,7 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
-@bp.post("/sagas/<path:saga_id>/retry-compensation")
+@bp.post("/sagas/<saga_id:saga_id>/retry-compensation")
 @operator_only
 def retry_compensation(saga_id: str) -> Reply:
     """Operator re-drive: re-run the saga's COMPENSATION_FAILED undos (a worker runs them).
@@ -311,7 +327,7 @@ def retry_compensation(saga_id: str) -> Reply:
     return jsonify({**out, "rerun": seqs}), 202
 
 
-@bp.post("/sagas/<path:saga_id>/abort")
+@bp.post("/sagas/<saga_id:saga_id>/abort")
 @operator_only
 def abort(saga_id: str) -> Reply:
     """An operator fails a running saga with a reason: its gates close and it compensates."""

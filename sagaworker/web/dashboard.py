@@ -102,7 +102,7 @@ def index() -> str:
                            attention=attention(recent, dirty), approvals=approvals)
 
 
-@bp.get("/ui/sagas/<path:saga_id>")
+@bp.get("/ui/sagas/<saga_id:saga_id>")
 def saga_page(saga_id: str) -> str:
     sw = sw_of()
     try:

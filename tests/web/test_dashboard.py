@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import re
+from urllib.parse import urljoin, urlsplit
 
+import pytest
 from flask.testing import FlaskClient
 
-from sagaworker import Sagaworker
+from sagaworker import SagaStatus, Sagaworker
 
-from .journal import Tools, awaiting_approval, compensated, completed, running
+from .journal import Tools, audit_rows, awaiting_approval, compensated, completed, running
 
 
 def _html(client: FlaskClient, url: str, status: int = 200) -> str:
@@ -143,6 +146,54 @@ def test_user_text_is_escaped(client: FlaskClient, sw: Sagaworker, tools: Tools)
     html = _html(client, "/ui/sagas/order-<b>x</b>")
     assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
     assert "order-&lt;b&gt;x&lt;/b&gt;" in _html(client, "/")
+
+
+#: saga ids that, put in a URL as they are, would lead a browser to another saga or page
+ODD_IDS = ["x/../../sagas/victim", "../victim", "victim/..", "victim?x=1#y", "a%2Fb%3F",
+           "/victim", "victim/", "a//b", "sp ace ü"]
+
+
+def _follow(page: str, href: str) -> str:
+    """Where a browser on ``page`` goes for ``href``: dot segments removed, no fragment."""
+    parts = urlsplit(urljoin("http://dashboard" + page, htmllib.unescape(href)))
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def _url_of(page_html: str, action: str) -> str:
+    found = re.findall(rf'data-action="{action}"\s+data-url="([^"]*)"', page_html)
+    assert len(found) == 1, found
+    return str(found[0])
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_a_saga_id_is_one_path_segment_in_every_url(alice: FlaskClient, sw: Sagaworker,
+                                                    tools: Tools, odd: str) -> None:
+    """Links and the Abort/Re-drive buttons carry the saga id percent-encoded as one path
+    segment: followed as a browser does, they reach that saga's page and act on that
+    saga, never on another one (``victim``) whose name the id spells out."""
+    running(sw, tools, "victim")
+    running(sw, tools, odd)
+    compensated(sw, tools, "dirty-victim", card="stuck-1")
+    compensated(sw, tools, odd + "-dirty", card="stuck-2")
+    index = _html(alice, "/")
+    pages = {}
+    for saga_id in (odd, odd + "-dirty"):
+        href = re.search(r'<a href="([^"]*)"><b>' + re.escape(htmllib.escape(saga_id))
+                         + "</b></a>", index)
+        assert href is not None, saga_id
+        pages[saga_id] = _follow("/", href.group(1))
+        assert f"<h1>{htmllib.escape(saga_id)} " in _html(alice, pages[saga_id])
+    abort_url = _follow(pages[odd], _url_of(_html(alice, pages[odd]), "abort"))
+    resp = alice.post(abort_url, json={"reason": "stop"})
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    assert resp.get_json()["saga_id"] == odd
+    assert audit_rows(sw, odd) == [("abort", "alice", "stop")]
+    assert sw.inspect("victim").status is SagaStatus.RUNNING and not audit_rows(sw, "victim")
+    dirty = pages[odd + "-dirty"]
+    resp = alice.post(_follow(dirty, _url_of(_html(alice, dirty), "redrive")), json={})
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    assert [a[:2] for a in audit_rows(sw, odd + "-dirty")] == [("retry_compensation", "alice")]
+    assert not audit_rows(sw, "dirty-victim")
 
 
 def _idle(sw: Sagaworker, tools: Tools, saga_id: str) -> None:
