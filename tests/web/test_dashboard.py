@@ -329,3 +329,47 @@ def test_proxy_signed_in_operator_sees_the_buttons(sw: Sagaworker, tools: Tools)
     assert _buttons(anonymous) == [("approve", "order-gated", True),
                                    ("reject", "order-gated", True)]
     assert "come through the proxy that sets X-Forwarded-User" in anonymous
+
+
+SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "no-referrer"}
+
+
+@pytest.mark.parametrize(("method", "url"), [
+    ("GET", "/"), ("GET", "/ui/sagas/order-gated"), ("GET", "/ui/sagas/order-missing"),
+    ("GET", "/static/dashboard.css"), ("GET", "/static/dashboard.js"), ("GET", "/sagas"),
+    ("GET", "/sagas/order-missing"), ("GET", "/approvals"), ("GET", "/auth"),
+    ("GET", "/healthz"), ("POST", "/orders"), ("POST", "/sagas/order-gated/abort"),
+    ("DELETE", "/sagas"), ("GET", "/nowhere")])
+def test_every_response_forbids_framing_and_foreign_content(
+        client: FlaskClient, sw: Sagaworker, tools: Tools, method: str, url: str) -> None:
+    """Pages, the API, static files and errors all say: no framing (clickjacking the
+    operators' buttons), content from this origin only, no inline script, no sniffing,
+    no referrer."""
+    awaiting_approval(sw, tools, "order-gated")
+    resp = client.open(url, method=method, json={} if method == "POST" else None)
+    for name, value in SECURITY_HEADERS.items():
+        assert resp.headers.get(name) == value, (name, resp.headers)
+    csp = {d.split()[0]: d.split()[1:] for d in
+           resp.headers["Content-Security-Policy"].split(";") if d.strip()}
+    assert csp["default-src"] == ["'self'"] and csp["frame-ancestors"] == ["'none'"]
+    for directive in ("script-src", "style-src"):
+        assert csp.get(directive, ["'self'"]) == ["'self'"]  # nothing inline, no eval
+    assert csp["object-src"] == ["'none'"] and csp["base-uri"] == ["'none'"]
+
+
+def test_pages_need_nothing_inline(client: FlaskClient, sw: Sagaworker, tools: Tools) -> None:
+    """Every page keeps to its policy: no inline script, event handler or style attribute
+    (the look lives in dashboard.css, the behaviour in dashboard.js)."""
+    awaiting_approval(sw, tools, "order-gated")
+    compensated(sw, tools, "order-dirty", card="stuck-1")
+    compensated(sw, tools, "order-doubt", in_doubt=True)
+    _idle(sw, tools, "order-idle")
+    for url in ("/", "/ui/sagas/order-gated", "/ui/sagas/order-dirty", "/ui/sagas/order-doubt",
+                "/ui/sagas/order-idle"):
+        html = _html(client, url)
+        assert not re.search(r"\sstyle=", html), url
+        assert not re.search(r"\son[a-z]+=", html), url
+        assert re.findall(r"<script[^>]*>", html) == [
+            '<script src="/static/dashboard.js">'], url
+        assert "javascript:" not in html, url
