@@ -180,6 +180,21 @@ class WebAuth:
                 found = name
         return found
 
+    def _header_user(self, request: Request) -> str:
+        """The proxy's user, "" when the header is absent or blank, or Unauthorized. A
+        WSGI server joins repeated headers with commas, and so does a chain of proxies that
+        each append: several values name nobody (the client's own copy may be one)."""
+        values = request.headers.getlist(self.trusted_header)
+        value = ",".join(values).strip()
+        if len(values) > 1 or "," in value:
+            raise Unauthorized(f"the {self.trusted_header} header holds several values (sent "
+                               "more than once, or joined with commas by a chain of proxies):"
+                               " the proxy must set it to exactly one user, overwriting any "
+                               "copy from the client")
+        if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
+            raise Unauthorized(f"the {self.trusted_header} header is not a usable identity")
+        return value
+
     def identify(self, request: Request) -> Identity | None:
         """The operator making ``request``, None when it carries no credentials, or
         Unauthorized when it carries wrong ones.
@@ -187,12 +202,8 @@ class WebAuth:
         The proxy's header wins when configured and present (a proxy may also pass its own
         ``Authorization``, e.g. oauth2-proxy's ID token); otherwise a bearer token."""
         if self.trusted_header:
-            raw = request.headers.get(self.trusted_header, "")
-            value = raw.strip()
+            value = self._header_user(request)
             if value:
-                if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
-                    raise Unauthorized(f"the {self.trusted_header} header is not a usable "
-                                       "identity")
                 return Identity(value, f"header:{self.trusted_header}")
         if not self.uses_tokens:
             return None
