@@ -122,6 +122,22 @@ class _TokenFile:
             return self.entries
 
 
+def _header_user(request: Request, header: str) -> str:
+    """The proxy's user, "" when the header is absent or blank, or Unauthorized. A
+    WSGI server joins repeated headers with commas, and so does a chain of proxies that
+    each append: several values name nobody (the client's own copy may be one)."""
+    values = request.headers.getlist(header)
+    value = ",".join(values).strip()
+    if len(values) > 1 or "," in value:
+        raise Unauthorized(f"the {header} header holds several values (sent "
+                           "more than once, or joined with commas by a chain of proxies):"
+                           " the proxy must set it to exactly one user, overwriting any "
+                           "copy from the client")
+    if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
+        raise Unauthorized(f"the {header} header is not a usable identity")
+    return value
+
+
 class WebAuth:
     """The configured ways to authenticate an operator (none: read-only)."""
 
@@ -180,21 +196,6 @@ class WebAuth:
                 found = name
         return found
 
-    def _header_user(self, request: Request) -> str:
-        """The proxy's user, "" when the header is absent or blank, or Unauthorized. A
-        WSGI server joins repeated headers with commas, and so does a chain of proxies that
-        each append: several values name nobody (the client's own copy may be one)."""
-        values = request.headers.getlist(self.trusted_header)
-        value = ",".join(values).strip()
-        if len(values) > 1 or "," in value:
-            raise Unauthorized(f"the {self.trusted_header} header holds several values (sent "
-                               "more than once, or joined with commas by a chain of proxies):"
-                               " the proxy must set it to exactly one user, overwriting any "
-                               "copy from the client")
-        if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
-            raise Unauthorized(f"the {self.trusted_header} header is not a usable identity")
-        return value
-
     def identify(self, request: Request) -> Identity | None:
         """The operator making ``request``, None when it carries no credentials, or
         Unauthorized when it carries wrong ones.
@@ -202,7 +203,7 @@ class WebAuth:
         The proxy's header wins when configured and present (a proxy may also pass its own
         ``Authorization``, e.g. oauth2-proxy's ID token); otherwise a bearer token."""
         if self.trusted_header:
-            value = self._header_user(request)
+            value = _header_user(request, self.trusted_header)
             if value:
                 return Identity(value, f"header:{self.trusted_header}")
         if not self.uses_tokens:
