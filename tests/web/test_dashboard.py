@@ -373,3 +373,37 @@ def test_pages_need_nothing_inline(client: FlaskClient, sw: Sagaworker, tools: T
         assert re.findall(r"<script[^>]*>", html) == [
             '<script src="/static/dashboard.js">'], url
         assert "javascript:" not in html, url
+
+
+#: characters that reorder or hide text (right-to-left override, isolates, marks,
+#: zero-width characters, a terminal escape)
+HIDDEN = ["\u202e", "\u202a", "\u202b", "\u202c", "\u202d", "\u2066", "\u2067", "\u2068",
+          "\u2069", "\u200e", "\u200f", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff",
+          "\x1b"]
+
+
+def test_hidden_formatting_characters_are_shown_escaped(alice: FlaskClient, sw: Sagaworker,
+                                                         tools: Tools) -> None:
+    """An approver sees the real saga id and arguments: a right-to-left override, an
+    isolate or a zero-width character in a journal value is shown as ``\\uXXXX`` on the
+    index's approval table and the saga page. The buttons still decide that saga: the
+    script sends the id it reads percent-encoded from ``data-saga-id``."""
+    from urllib.parse import quote, unquote
+
+    sid = "order-\u202e4321\u202c-\u200b\u2066x\u2069"
+    saga = sw.begin(sid, metadata={"note\u200f": "IBAN \u202e0987\u202c \x1b[8mhidden"})
+    saga.enqueue(tools.reserve, "sku-\u2067x\u2069", 1)
+    saga.enqueue(tools.dispatch, "ship to \u202eevil\u202c\ufeff")
+    index, page = _html(alice, "/"), _html(alice, f"/ui/sagas/{quote(sid, safe='')}")
+    approvals = _section(index, "Waiting for approval", "</table>")
+    for html in (approvals, page):
+        for ch in HIDDEN:
+            assert ch not in html, repr(ch)
+        assert "order-\\u202e4321\\u202c-\\u200b\\u2066x\\u2069" in html
+        assert "ship to \\u202eevil\\u202c\\ufeff" in html
+    assert "IBAN \\u202e0987\\u202c \\u001b[8mhidden" in page and "note\\u200f" in page
+    assert "sku-\\u2067x\\u2069" in page
+    ids = re.findall(r'data-action="approve"[^>]*data-saga-id="([^"]*)"', approvals)
+    assert ids == [quote(sid, safe="")]
+    resp = alice.post("/approvals/approve", json={"saga_id": unquote(ids[0]), "seq": 2})
+    assert resp.status_code == 200, resp.get_json()
