@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import BadRequest
 from werkzeug.routing import PathConverter
 
 from sagaworker import (
@@ -77,13 +78,37 @@ def error(status: int, message: str, **extra: Any) -> Reply:
     return jsonify({"error": message, **extra}), status
 
 
+#: the deepest JSON body accepted: every body the API takes is an object of plain values
+MAX_DEPTH = 32
+_TOO_DEEP = (f"the JSON body is nested more than {MAX_DEPTH} levels deep; send an object of "
+             "plain fields")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists or objects deeper than ``limit`` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def json_body() -> Any:
-    """The decoded body, or ValidationFailed when it is not JSON."""
+    """The decoded body, ValidationFailed when it is not JSON, or 400 when it nests deeper
+    than any body needs (the parser would otherwise recurse into a RecursionError)."""
     if not request.is_json:
         raise ValidationFailed({"body": "send JSON with Content-Type: application/json"})
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        raise BadRequest(_TOO_DEEP) from None
     if body is None:
         raise ValidationFailed({"body": "is not valid JSON"})
+    if _depth_exceeds(body, MAX_DEPTH):
+        raise BadRequest(_TOO_DEEP)
     return body
 
 
