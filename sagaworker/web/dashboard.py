@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -173,6 +174,7 @@ def _segment(saga_id: str) -> str:
 def register_filters(app: Any) -> None:
     app.jinja_env.finalize = _shown
     app.jinja_env.filters.update(tool=_short_tool, when=_when, ago=_ago, js=_js,
-                                 args=_args, css=_css, segment=_segment)
+                                 args=_args, css=_css, segment=_segment,
+                                 sh=shlex.quote)  # a command to copy: the id one argument
     app.jinja_env.globals.update(Phase=Phase, SagaStatus=SagaStatus)
     app.context_processor(lambda: {"now": datetime.now(UTC)})

@@ -407,3 +407,20 @@ def test_hidden_formatting_characters_are_shown_escaped(alice: FlaskClient, sw: 
     assert ids == [quote(sid, safe="")]
     resp = alice.post("/approvals/approve", json={"saga_id": unquote(ids[0]), "seq": 2})
     assert resp.status_code == 200, resp.get_json()
+
+
+def test_commands_to_copy_quote_the_saga_id(client: FlaskClient, sw: Sagaworker,
+                                            tools: Tools) -> None:
+    """The re-drive and abort commands a page offers to copy quote the id for the shell:
+    pasted, an id like ``x; touch pwned`` is one argument, not a second command."""
+    from urllib.parse import quote
+
+    odd = "x; touch pwned"
+    compensated(sw, tools, odd, card="stuck-1")
+    _idle(sw, tools, odd + " $(id)")
+    for url in ("/", f"/ui/sagas/{quote(odd, safe='')}"):
+        text = htmllib.unescape(_html(client, url))
+        assert "sagaworker retry-compensation 'x; touch pwned'" in text
+        assert "sagaworker retry-compensation x;" not in text
+    assert "sagaworker abort 'x; touch pwned $(id)' --reason" in htmllib.unescape(
+        _html(client, "/"))
