@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Blueprint, Flask, Response, current_app, jsonify
+from flask import Blueprint, Flask, Response, current_app, jsonify, url_for
 
 from sagaworker import SagaExists, SagaStatus, Sagaworker
 from sagaworker.web import ValidationFailed, WebAuth
@@ -139,9 +139,11 @@ def post_order() -> tuple[Response, int]:
         saga_id = orders.start(order)  # journaled and handed to the workers: returns at once
     except SagaExists as exc:
         return error(409, str(exc), saga_id=saga_id_for(order.order_id))
+    here = url_for("api.get_saga", saga_id=saga_id)  # the id percent-encoded, one segment
     resp = jsonify({"saga_id": saga_id, "status": SagaStatus.RUNNING.value,
-                    "links": {"self": f"/sagas/{saga_id}", "ui": f"/ui/sagas/{saga_id}"}})
-    resp.headers["Location"] = f"/sagas/{saga_id}"
+                    "links": {"self": here,
+                              "ui": url_for("dashboard.saga_page", saga_id=saga_id)}})
+    resp.headers["Location"] = here
     return resp, 202
 
 

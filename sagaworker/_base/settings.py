@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -10,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "Settings", "embedded_broker_url",
-           "embedded_database_url"]
+           "embedded_database_url", "metrics_exposure_problem"]
 
 #: the shortest approval secret accepted: an HMAC-SHA256 key worth its 256 bits
 MIN_SECRET_BYTES = 32
@@ -26,6 +27,21 @@ def embedded_database_url() -> str:
 def embedded_broker_url() -> str:
     """kombu's filesystem transport: works across processes, needs no server."""
     return "filesystem://"
+
+
+def metrics_exposure_problem(addr: str, has_token: bool) -> str | None:
+    """Why serving metrics on ``addr`` is refused (the network without a token), or None:
+    the figures name every tool and count every saga, and anyone could scrape them."""
+    try:
+        loopback = addr == "localhost" or ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback or has_token:
+        return None
+    return (f"SAGAWORKER_METRICS_ADDR={addr} would serve the journal's metrics to the network "
+            "without authentication: set SAGAWORKER_METRICS_TOKEN (scrapers send it as "
+            "Authorization: Bearer; Prometheus: authorization: {credentials: ...}) or keep "
+            "SAGAWORKER_METRICS_ADDR=127.0.0.1")
 
 
 class Settings(BaseSettings):
@@ -70,6 +86,10 @@ class Settings(BaseSettings):
     sweep_interval: float = Field(default=15, ge=0)
     #: Prometheus metrics port a worker serves (0: off)
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: the address the metrics server binds: loopback unless told (any other needs a token)
+    metrics_addr: str = "127.0.0.1"
+    #: the bearer token every scrape must send (None: none asked, loopback only)
+    metrics_token: SecretStr | None = None
     #: beat prunes terminal sagas older than this many days, daily (None: never)
     retention_days: int | None = Field(default=None, gt=0)
     #: filesystem broker folder (embedded default only)
@@ -109,7 +129,14 @@ class Settings(BaseSettings):
             parse_keys(raw)  # ConfigurationError saying how to make a key
         return v
 
-    @field_validator("retention_days", mode="before")
+    @property
+    def metrics_problem(self) -> str | None:
+        """Why the metrics this worker would serve are refused, or None (or off)."""
+        if not self.metrics_port:
+            return None
+        return metrics_exposure_problem(self.metrics_addr, self.metrics_token is not None)
+
+    @field_validator("retention_days", "metrics_token", mode="before")
     @classmethod
     def _unset_when_empty(cls, v: Any) -> Any:
         return None if isinstance(v, str) and not v.strip() else v

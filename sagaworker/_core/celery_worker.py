@@ -120,6 +120,8 @@ class WorkerStartup:
             # a worker must never start with an undo it cannot run, a journal it cannot
             # write, or a gate nobody can open: one line naming the fix, exit 3
             self.sw.check_ready()
+            if self.sw.settings.metrics_problem:  # metrics open to the network, no token
+                raise ConfigurationError(self.sw.settings.metrics_problem)
         except ConfigurationError as exc:
             self._refuse(str(exc))
         except Exception as exc:  # Celery would log and swallow it, and start anyway
@@ -195,8 +197,9 @@ class WorkerStartup:
 
             try:
                 serve_metrics(self.sw.rt, self.sw.settings.metrics_port)
-                log.info("metrics_serving", port=self.sw.settings.metrics_port)
-            except OSError as exc:
+                log.info("metrics_serving", port=self.sw.settings.metrics_port,
+                         addr=self.sw.settings.metrics_addr)
+            except (OSError, ConfigurationError) as exc:
                 log.error("metrics_port_unavailable", port=self.sw.settings.metrics_port,
                           error=str(exc))
         interval = self.sw.settings.sweep_interval

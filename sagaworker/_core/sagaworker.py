@@ -281,6 +281,9 @@ def _check_id(saga_id: Any) -> None:
     if any(ch < " " or ch == "\x7f" for ch in saga_id):
         raise BadInput(f"saga id {saga_id!r} holds a control character (a NUL, a line "
                        "break...); use letters, digits and punctuation")
+    if saga_id in (".", ".."):
+        raise BadInput(f"saga id {saga_id!r} is a path step: no URL can name it (a browser "
+                       "resolves it even when percent-encoded); pick another id")
 
 
 #: the longest deadline accepted: ten years, in seconds

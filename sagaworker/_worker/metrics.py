@@ -1,5 +1,8 @@
 """Prometheus metrics, read from the journal at scrape time (opt-in: SAGAWORKER_METRICS_PORT).
 
+Served on SAGAWORKER_METRICS_ADDR (127.0.0.1 unless told); any other address needs
+SAGAWORKER_METRICS_TOKEN, which every scrape then sends as ``Authorization: Bearer``.
+
 Reading the journal rather than counting in-process keeps the figures right across
 prefork children and across horizontally scaled workers: every worker reports the same
 totals, so dashboards aggregate with max(), not sum().
@@ -7,10 +10,15 @@ totals, so dashboards aggregate with max(), not sum().
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hmac
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -19,6 +27,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 
+from .._base.errors import ConfigurationError
+from .._base.settings import metrics_exposure_problem
 from .._base.types import Phase, SagaStatus
 from .._journal.dialect import db_later, seconds_between
 from .._journal.runtime import Runtime
@@ -81,7 +91,54 @@ class JournalCollector(Collector):
         yield h
 
 
-def serve_metrics(rt: Runtime, port: int, addr: str = "0.0.0.0") -> None:
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _bearer_only(app: WSGIApp, token: str) -> WSGIApp:
+    expected = f"Bearer {token}".encode()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        sent = str(environ.get("HTTP_AUTHORIZATION", "")).encode("utf-8", "replace")
+        if not hmac.compare_digest(sent, expected):
+            start_response("401 Unauthorized", [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("WWW-Authenticate", 'Bearer realm="sagaworker metrics"')])
+            return [b"send Authorization: Bearer <SAGAWORKER_METRICS_TOKEN>\n"]
+        return app(environ, start_response)
+    return guarded
+
+
+def serve_metrics(rt: Runtime, port: int, addr: str | None = None, *,
+                  token: str | None = None) -> WSGIServer:
+    """Serve the journal's metrics on ``addr`` (default SAGAWORKER_METRICS_ADDR) from a
+    daemon thread; ``token`` (default SAGAWORKER_METRICS_TOKEN) is asked of every scrape.
+    ConfigurationError, and nothing served, for a non-loopback address without a token."""
+    addr = rt.settings.metrics_addr if addr is None else addr
+    if token is None and rt.settings.metrics_token is not None:
+        token = rt.settings.metrics_token.get_secret_value()
+    problem = metrics_exposure_problem(addr, bool(token))
+    if problem:
+        raise ConfigurationError(problem)
     registry = CollectorRegistry()
     registry.register(JournalCollector(rt))
-    start_http_server(port, addr=addr, registry=registry)
+    app: WSGIApp = make_wsgi_app(registry)
+    if token:
+        app = _bearer_only(app, token)
+    server = make_server(addr, port, app, server_class=_Server6 if ":" in addr else _Server,
+                         handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True,
+                     name="sagaworker-metrics").start()
+    return server

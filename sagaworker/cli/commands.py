@@ -16,7 +16,8 @@ from .._base.errors import ConfigurationError, SagaNotFound, SagaworkerError
 from .._base.settings import Settings
 from .._base.types import SagaStatus
 from .._observe.records import Redaction
-from .render import console, redacted, render_saga, render_sagas, saga_json, to_json
+from .._observe.visible import visible
+from .render import approval_line, console, redacted, render_saga, render_sagas, saga_json, to_json
 
 __all__ = ["main"]
 
@@ -100,7 +101,7 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(f"SAGAWORKER_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}"
                          for e in exc.errors())
-    return " ".join(str(exc).split())
+    return visible(" ".join(str(exc).split()))
 
 
 @click.group(cls=Group)
@@ -119,7 +120,7 @@ def main(ctx: click.Context, app: str | None, database_url: str | None) -> None:
 
 
 def refuse(msg: str) -> None:
-    click.echo(f"error: {msg}", err=True)
+    click.echo(f"error: {visible(msg)}", err=True)  # it may quote a journal value
     sys.exit(1)
 
 
@@ -197,8 +198,7 @@ def approvals(c: Ctx, as_json: bool) -> None:
         click.echo(to_json(pending))
         return
     for p in redacted(pending, Redaction.of(c.sw)):
-        console.print(f"{p.saga_id} #{p.seq} {p.tool_name} args={p.args} kwargs={p.kwargs}",
-                      markup=False, soft_wrap=True)
+        console.print(approval_line(p), markup=False, soft_wrap=True)
         # the token whole on one line, never wrapped or styled: it is copied and pasted
         click.echo(f"  token: {p.token}")
     if not pending:

@@ -11,11 +11,19 @@ from rich.table import Table
 from rich.text import Text
 
 from .._base.jsonable import plain
-from .._base.types import EntryRecord, OutcomeResult, Phase, SagaRecord, SagaStatus
+from .._base.types import (
+    ApprovalRequest,
+    EntryRecord,
+    OutcomeResult,
+    Phase,
+    SagaRecord,
+    SagaStatus,
+)
 from .._observe.records import Redaction, saga_json, waiting_step
+from .._observe.visible import visible
 
-__all__ = ["console", "flow_call", "redacted", "render_saga", "render_sagas", "saga_json",
-           "to_json", "waiting_step"]
+__all__ = ["approval_line", "console", "flow_call", "redacted", "render_saga", "render_sagas",
+           "saga_json", "to_json", "waiting_step"]
 
 console = Console(highlight=False)
 
@@ -51,8 +59,14 @@ def flow_call(rec: SagaRecord) -> str | None:
 
 def _cell(v: Any) -> str:
     """A journal value as a table shows it: whole (a table folds long cells, never cuts
-    them), and as text (a ``[/]`` in a reason is not markup)."""
-    return escape(json.dumps(v, default=str) if not isinstance(v, str) else v)
+    them), as text (a ``[/]`` in a reason is not markup), hidden characters escaped."""
+    return escape(visible(json.dumps(v, default=str) if not isinstance(v, str) else v))
+
+
+def approval_line(p: ApprovalRequest) -> str:
+    """A gate as `approvals` lists it (plain text, not markup): the saga, the step and
+    the arguments exactly, a right-to-left override or a zero-width space escaped."""
+    return visible(f"{p.saga_id} #{p.seq} {p.tool_name} args={p.args!r} kwargs={p.kwargs!r}")
 
 
 #: columns of a fixed vocabulary (a status, a phase, a number): never broken
@@ -117,17 +131,17 @@ class _Grid:
 
 
 def _tool(name: str) -> str:
-    return escape(name.rsplit(".", 1)[-1])
+    return escape(visible(name.rsplit(".", 1)[-1]))
 
 
 def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
     rec = redacted(rec, redaction)
     c = _STATUS.get(rec.status, "")
-    console.print(f"[bold]saga {escape(rec.saga_id)}[/]  [{c}]{rec.status.value}[/]"
-                  + (f"  reason: {escape(rec.reason)}" if rec.reason else ""))
+    console.print(f"[bold]saga {_cell(rec.saga_id)}[/]  [{c}]{rec.status.value}[/]"
+                  + (f"  reason: {_cell(rec.reason)}" if rec.reason else ""))
     call = flow_call(rec)
     if call is not None:
-        console.print(f"flow: {call}", markup=False)
+        console.print(f"flow: {visible(call)}", markup=False)
     step = waiting_step(rec)
     if step is not None:
         what = ("an approval" if step.phase is Phase.AWAITING_APPROVAL

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
+from urllib.parse import quote
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import BadRequest
+from werkzeug.routing import PathConverter
 
 from sagaworker import (
     ApprovalInvalid,
@@ -23,7 +26,8 @@ from .auth import READ_ONLY, Identity, Unauthorized, WebAuth
 from .queries import idle_sagas
 from .serialize import approval_json, saga_json
 
-__all__ = ["ValidationFailed", "auth", "bp", "error", "json_body", "operator", "sw_of"]
+__all__ = ["SagaIdConverter", "ValidationFailed", "auth", "bp", "error", "json_body",
+           "operator", "sw_of"]
 
 bp = Blueprint("api", __name__)
 
@@ -36,6 +40,19 @@ class ValidationFailed(ValueError):
     def __init__(self, reasons: dict[str, str]) -> None:
         super().__init__("; ".join(f"{k}: {v}" for k, v in reasons.items()))
         self.reasons = reasons
+
+
+class SagaIdConverter(PathConverter):
+    """``<saga_id:...>``: a saga id in a URL, built percent-encoded as one path segment
+    (``/``, ``?``, ``#`` and ``%`` included), so no link or button built from an id like
+    ``x/../../sagas/victim`` leads a browser to another saga. A WSGI server decodes
+    ``%2F`` before routing, so the route matches across ``/`` to get the id back whole."""
+
+    regex = ".+?"
+    part_isolating = False
+
+    def to_url(self, value: Any) -> str:
+        return quote(str(value), safe="")
 
 
 def sw_of() -> Sagaworker:
@@ -61,13 +78,37 @@ def error(status: int, message: str, **extra: Any) -> Reply:
     return jsonify({"error": message, **extra}), status
 
 
+#: the deepest JSON body accepted: every body the API takes is an object of plain values
+MAX_DEPTH = 32
+_TOO_DEEP = (f"the JSON body is nested more than {MAX_DEPTH} levels deep; send an object of "
+             "plain fields")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists or objects deeper than ``limit`` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def json_body() -> Any:
-    """The decoded body, or ValidationFailed when it is not JSON."""
+    """The decoded body, ValidationFailed when it is not JSON, or 400 when it nests deeper
+    than any body needs (the parser would otherwise recurse into a RecursionError)."""
     if not request.is_json:
         raise ValidationFailed({"body": "send JSON with Content-Type: application/json"})
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        raise BadRequest(_TOO_DEEP) from None
     if body is None:
         raise ValidationFailed({"body": "is not valid JSON"})
+    if _depth_exceeds(body, MAX_DEPTH):
+        raise BadRequest(_TOO_DEEP)
     return body
 
 
@@ -97,7 +138,7 @@ def list_sagas() -> Reply:
     return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
 
 
-@bp.get("/sagas/<path:saga_id>")
+@bp.get("/sagas/<saga_id:saga_id>")
 def get_saga(saga_id: str) -> Reply:
     sw = sw_of()
     try:
@@ -292,7 +333,7 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
-@bp.post("/sagas/<path:saga_id>/retry-compensation")
+@bp.post("/sagas/<saga_id:saga_id>/retry-compensation")
 @operator_only
 def retry_compensation(saga_id: str) -> Reply:
     """Operator re-drive: re-run the saga's COMPENSATION_FAILED undos (a worker runs them).
@@ -311,7 +352,7 @@ def retry_compensation(saga_id: str) -> Reply:
     return jsonify({**out, "rerun": seqs}), 202
 
 
-@bp.post("/sagas/<path:saga_id>/abort")
+@bp.post("/sagas/<saga_id:saga_id>/abort")
 @operator_only
 def abort(saga_id: str) -> Reply:
     """An operator fails a running saga with a reason: its gates close and it compensates."""

@@ -98,17 +98,19 @@ class WebSettings(BaseSettings):
 @dataclass
 class _TokenFile:
     path: Path
-    stamp: tuple[float, int] = (0.0, -1)
+    stamp: tuple[int, ...] = ()
     entries: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def load(self) -> list[tuple[str, str]]:
-        """The file's entries, read again when its mtime or size changed (tokens can be
+        """The file's entries, read again when it changed (tokens can be
         added or revoked without a restart). A file that became unreadable or malformed
         authenticates nobody until fixed (fail closed)."""
         try:
             st = self.path.stat()
-            stamp = (st.st_mtime, st.st_size)
+            # the change time too: a revocation copied in with `cp -p` keeps the size
+            # and the modification time, never the change time (nor a moved-in inode)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             return []
         with self.lock:
@@ -120,6 +122,22 @@ class _TokenFile:
                     self.entries = []
                 self.stamp = stamp
             return self.entries
+
+
+def _header_user(request: Request, header: str) -> str:
+    """The proxy's user, "" when the header is absent or blank, or Unauthorized. A
+    WSGI server joins repeated headers with commas, and so does a chain of proxies that
+    each append: several values name nobody (the client's own copy may be one)."""
+    values = request.headers.getlist(header)
+    value = ",".join(values).strip()
+    if len(values) > 1 or "," in value:
+        raise Unauthorized(f"the {header} header holds several values (sent "
+                           "more than once, or joined with commas by a chain of proxies):"
+                           " the proxy must set it to exactly one user, overwriting any "
+                           "copy from the client")
+    if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
+        raise Unauthorized(f"the {header} header is not a usable identity")
+    return value
 
 
 class WebAuth:
@@ -187,12 +205,8 @@ class WebAuth:
         The proxy's header wins when configured and present (a proxy may also pass its own
         ``Authorization``, e.g. oauth2-proxy's ID token); otherwise a bearer token."""
         if self.trusted_header:
-            raw = request.headers.get(self.trusted_header, "")
-            value = raw.strip()
+            value = _header_user(request, self.trusted_header)
             if value:
-                if len(value) > MAX_HEADER_IDENTITY or not value.isprintable():
-                    raise Unauthorized(f"the {self.trusted_header} header is not a usable "
-                                       "identity")
                 return Identity(value, f"header:{self.trusted_header}")
         if not self.uses_tokens:
             return None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from flask import Blueprint, abort, render_template, request
+from markupsafe import Markup
 
 from sagaworker import (
     ConfigurationError,
@@ -20,6 +23,7 @@ from sagaworker import (
     SagaStatus,
 )
 from sagaworker._observe.records import waiting_step
+from sagaworker._observe.visible import visible
 
 from .api import auth, operator, sw_of
 from .auth import Identity
@@ -102,7 +106,7 @@ def index() -> str:
                            attention=attention(recent, dirty), approvals=approvals)
 
 
-@bp.get("/ui/sagas/<path:saga_id>")
+@bp.get("/ui/sagas/<saga_id:saga_id>")
 def saga_page(saga_id: str) -> str:
     sw = sw_of()
     try:
@@ -153,8 +157,24 @@ def _css(value: Any) -> str:
     return str(getattr(value, "value", value)).lower().replace("_", "-")
 
 
+def _shown(value: Any) -> Any:
+    """Every ``{{ }}`` of the pages: text with a right-to-left override, an isolate or a
+    zero-width character shows them escaped (``\u202e``), so an approver reads the saga
+    and the arguments the journal holds. Markup (a macro's HTML) was shown piece by piece."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value)
+    return value
+
+
+def _segment(saga_id: str) -> str:
+    """The exact id, percent-encoded (the script decodes it to name the saga it decides)."""
+    return quote(saga_id, safe="")
+
+
 def register_filters(app: Any) -> None:
+    app.jinja_env.finalize = _shown
     app.jinja_env.filters.update(tool=_short_tool, when=_when, ago=_ago, js=_js,
-                                 args=_args, css=_css)
+                                 args=_args, css=_css, segment=_segment,
+                                 sh=shlex.quote)  # a command to copy: the id one argument
     app.jinja_env.globals.update(Phase=Phase, SagaStatus=SagaStatus)
     app.context_processor(lambda: {"now": datetime.now(UTC)})

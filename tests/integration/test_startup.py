@@ -20,7 +20,7 @@ UNREACHABLE = "postgresql+psycopg://shop:hunter2-secret@127.0.0.1:1/shop"
 
 
 def _worker(tmp_path: Path, database_url: str, secret: str,
-            keys: str = "") -> subprocess.CompletedProcess[str]:
+            **settings: str) -> subprocess.CompletedProcess[str]:
     """`celery -A tests.apps.cluster worker` as a user starts it; it must exit by itself."""
     need("rabbitmq", _broker(BROKERS["rabbitmq"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
@@ -29,8 +29,7 @@ def _worker(tmp_path: Path, database_url: str, secret: str,
                SAGAWORKER_DATABASE_URL=database_url,
                SAGAWORKER_BROKER_URL=BROKERS["rabbitmq"],
                SAGAWORKER_QUEUE=f"sw-start-{uuid.uuid4().hex[:6]}",
-               SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0",
-               SAGAWORKER_ENCRYPTION_KEYS=keys)
+               SAGAWORKER_APPROVAL_SECRET=secret, SAGAWORKER_SWEEP_INTERVAL="0", **settings)
     return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.apps.cluster", "worker",
                            "-c", "1", "--without-gossip", "--without-mingle"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -78,6 +77,15 @@ def test_a_worker_with_gated_tools_refuses_a_missing_or_short_secret(
     assert "token_urlsafe" in line
     if secret:
         assert secret not in line
+
+
+def test_a_worker_refuses_metrics_on_the_network_without_a_token(tmp_path: Path,
+                                                                 pg_url: str) -> None:
+    """Metrics bound to every interface with no token would show anyone the journal's
+    figures: refused in one line naming both settings, before anything listens."""
+    line = _refusal(_worker(tmp_path, pg_url, TEST_SECRET, SAGAWORKER_METRICS_PORT="9808",
+                            SAGAWORKER_METRICS_ADDR="0.0.0.0"))
+    assert "SAGAWORKER_METRICS_ADDR=0.0.0.0" in line and "SAGAWORKER_METRICS_TOKEN" in line
 
 
 def test_a_producer_gets_a_configuration_error_not_raw_sql(fresh_pg_url: str) -> None:
@@ -201,6 +209,7 @@ def test_a_worker_without_the_journals_key_refuses_to_start(tmp_path: Path, fres
         database_url=fresh_pg_url, encryption_keys=key))
     producer.check_ready()  # the journal now names the key its values are sealed with
     other = Fernet.generate_key().decode() if keys else ""
-    line = _refusal(_worker(tmp_path, fresh_pg_url, TEST_SECRET, other))
+    line = _refusal(_worker(tmp_path, fresh_pg_url, TEST_SECRET,
+                            SAGAWORKER_ENCRYPTION_KEYS=other))
     assert "SAGAWORKER_ENCRYPTION_KEYS" in line and fingerprint(key) in line
     assert key not in line and (not other or other not in line)

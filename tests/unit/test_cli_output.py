@@ -194,3 +194,41 @@ def test_a_narrow_terminal_gets_every_column_whole(width: int) -> None:
     saga = _words(_rendered(render.render_saga, _record(reason), width=width))
     assert _words("refund_the_card_of_a_customer_who_cancelled") in saga
     assert _words("the refund API answered 503 three times in a row, try again later") in saga
+
+
+#: formatting characters that reorder or hide text: right-to-left override and its kin,
+#: isolates, marks, zero-width characters, a terminal escape
+HIDDEN = ["\u202e", "\u202a", "\u202b", "\u202c", "\u202d", "\u2066", "\u2067", "\u2068",
+          "\u2069", "\u200e", "\u200f", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff",
+          "\x1b"]
+
+
+def _shown(out: str) -> None:
+    """No hidden character reached the terminal; each is there as its escape."""
+    for ch in HIDDEN:
+        assert ch not in out, repr(ch)
+    assert "\\u202e" in out and "\\u2066" in out and "\\u200b" in out
+
+
+def test_hidden_formatting_characters_are_shown_escaped() -> None:
+    """A reason, a saga id or a value with a right-to-left override or a zero-width
+    character is printed with each such character as ``\\uXXXX``: the text an operator
+    reads is the text the journal holds."""
+    rec = _record("refund to IBAN \u202e0987\u202c ok\u200b \u2066x\u2069 \x1b[31mred")
+    rec = SagaRecord(**{**rec.__dict__, "saga_id": "order-\u202e1001\u200b\u2066"})
+    for fn, arg in ((render.render_sagas, [rec]), (render.render_saga, rec)):
+        _shown(_rendered(fn, arg, width=200))
+
+
+def test_approvals_show_the_arguments_an_approver_approves(app_dir: Path) -> None:
+    """`approvals` escapes hidden characters in the saga id and the arguments, so an
+    approver sees that the address reads differently from how it renders."""
+    import cliapp
+
+    saga = cliapp.sw.begin("gate-\u202eevil\u200b\u2066")
+    saga.enqueue(cliapp.dispatch_a_parcel_to_a_customer_far_away, "o-\u202e1",
+                 "ship to \u2066acct 1234\u2069 \u200b\u200f\u200e\ufeff")
+    r = CliRunner().invoke(main, ["-A", "cliapp", "approvals"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    _shown(r.output)
+    assert "gate-\\u202eevil\\u200b\\u2066" in r.output

@@ -94,6 +94,16 @@ def test_a_broker_that_is_down_fails_nobody(tmp_path: Path) -> None:
     assert all("Error" in e["error"] for e in deferred)
 
 
+@pytest.mark.parametrize("saga_id", [".", ".."])
+def test_a_saga_id_no_url_can_name_is_refused(tmp_path: Path, saga_id: str) -> None:
+    """'.' and '..' cannot be one URL path segment (browsers resolve them even encoded):
+    the dashboard could never act on such a saga."""
+    sw = _sw(tmp_path)
+    with pytest.raises(SagaworkerError, match="path step"):
+        sw.begin(saga_id)
+    assert sw.sagas() == []
+
+
 @pytest.mark.parametrize(("value", "named"), [
     ({1: "a", "b": 2}, "dict whose keys are not all str"),
     ({"__type__": "nothing-kombu-knows", "__value__": 1}, "kombu's type tag"),

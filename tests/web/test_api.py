@@ -257,3 +257,26 @@ def test_wrong_method_and_unknown_path_are_json(client: FlaskClient) -> None:
     assert client.get("/orders").status_code == 405
     assert client.get("/orders").get_json()["status"] == 405
     assert client.get("/nothing").get_json()["status"] == 404
+
+
+@pytest.mark.parametrize("path", ["/orders", "/approvals/approve", "/approvals/reject",
+                                  "/sagas/order-run/abort",
+                                  "/sagas/order-run/retry-compensation"])
+@pytest.mark.parametrize("data", [
+    "[" * 60_000,                                 # the parser itself would recurse too far
+    '{"a":' * 10_000 + "1" + "}" * 10_000,
+    '{"reason": ' + "[" * 200 + "]" * 200 + "}",  # parses, but deeper than any body needs
+])
+def test_deeply_nested_json_is_400(alice: FlaskClient, sw: Sagaworker, tools: Tools,
+                                   path: str, data: str) -> None:
+    """A body nested beyond reason is refused with 400 saying so, never a 500 from a
+    RecursionError, on every endpoint that takes JSON (the anonymous order one included);
+    nothing is journaled."""
+    from .journal import running
+
+    running(sw, tools, "order-run")
+    resp = alice.post(path, data=data, content_type="application/json")
+    assert resp.status_code == 400, resp.get_data(as_text=True)[:300]
+    assert "nested" in resp.get_json()["error"]
+    assert [r.saga_id for r in sw.sagas()] == ["order-run"]
+    assert sw.inspect("order-run").status is SagaStatus.RUNNING

@@ -240,6 +240,28 @@ def test_absurd_header_values_are_refused(states: Sagaworker) -> None:
     _unchanged(states)
 
 
+@pytest.mark.parametrize("headers", [
+    [("X-Forwarded-User", "alice, mallory")],
+    [("X-Forwarded-User", "mallory,alice")],
+    [("X-Forwarded-User", "alice"), ("X-Forwarded-User", "mallory")],
+])
+def test_several_proxy_user_values_are_no_identity(states: Sagaworker,
+                                                   headers: list[tuple[str, str]]) -> None:
+    """A user header holding several values (a chain of proxies joined them with a comma,
+    or the client sent its own copy next to the proxy's) names nobody: 401 saying so,
+    never a decision journaled under the joined text or either name."""
+    client = _client(states, WebAuth(trusted_header="X-Forwarded-User"))
+    for path, body in DECISIONS:
+        resp = client.post(path, json=body, headers=headers)
+        assert resp.status_code == 401, (path, resp.get_json())
+        assert "X-Forwarded-User header holds several values" in resp.get_json()["error"]
+    me = client.get("/auth", headers=headers)
+    assert me.status_code == 401 and "several values" in me.get_json()["error"]
+    page = client.get("/", headers=headers).get_data(as_text=True)
+    assert 'id="operator-name"></b>' in page and "mallory" not in page
+    _unchanged(states)
+
+
 # -- configuration ---------------------------------------------------------------------------
 
 def test_tokens_from_the_environment(monkeypatch: pytest.MonkeyPatch, states: Sagaworker,
@@ -343,3 +365,21 @@ def test_tokens_module_runs(tmp_path: Path) -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == hash_token("abc")
+
+
+def test_a_revocation_that_keeps_size_and_mtime_is_seen(tmp_path: Path) -> None:
+    """A tokens file replaced by one of the same size with its modification time kept
+    (`cp -p`, `rsync -t`): the revoked token authenticates nobody any more."""
+    import os
+
+    from sagaworker.web.auth import _TokenFile
+
+    path = tmp_path / "tokens"
+    path.write_text(f"alice:{hash_token('a' * 32)}\n")
+    tokens = _TokenFile(path)
+    assert [n for n, _ in tokens.load()] == ["alice"]
+    st = path.stat()
+    path.write_text(f"carol:{hash_token('c' * 32)}\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert [n for n, _ in tokens.load()] == ["carol"]

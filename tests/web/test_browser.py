@@ -233,3 +233,40 @@ def test_proxy_operator_aborts_and_redrives(sw: Sagaworker, tools: Tools,
         eventually(lambda: [a[:2] for a in audit_rows(sw, "order-1006")] == [
             ("retry_compensation", "bob")], "the re-drive in the journal")
         assert sw.inspect("order-1006").status is SagaStatus.COMPENSATING
+
+
+#: run in every page before its own script: records what the page's policy blocked
+WATCH_POLICY = ("window.__blocked = []; document.addEventListener('securitypolicyviolation',"
+                " (e) => window.__blocked.push(e.violatedDirective + ' ' + e.blockedURI));")
+
+
+def test_pages_keep_to_their_content_security_policy(sw: Sagaworker, tools: Tools,
+                                                     browser: Browser) -> None:
+    """Chromium enforces the pages' Content-Security-Policy (no inline script or style)
+    and blocks nothing: the look comes from dashboard.css, the sign-in from dashboard.js,
+    and a frame of the dashboard is refused."""
+    populate(sw, tools)
+    browser.call("Page.addScriptToEvaluateOnNewDocument", {"source": WATCH_POLICY},
+                 session=True)
+    with serve(sw, operators()) as url:
+        for path in ("/", "/ui/sagas/order-1005", "/ui/sagas/order-1006"):
+            browser.goto(url + path)
+            policy = browser.js("fetch(location.href).then(r => "
+                                "r.headers.get('content-security-policy'))")
+            assert "frame-ancestors 'none'" in policy
+            assert browser.js("window.__blocked") == [], path
+        browser.goto(url + "/")
+        assert browser.js("getComputedStyle(document.querySelector("
+                          "'.alarm .title .since')).fontSize") == "14px"
+        browser.type("#op-token", ALICE_TOKEN)
+        browser.click("#signin-button")
+        browser.wait("document.getElementById('operator-name').textContent === 'alice'",
+                     "the script to sign alice in")
+        browser.js("(() => { const f = document.createElement('iframe'); f.id = 'framed';"
+                   " f.addEventListener('load', () => { window.__framed = true; });"
+                   f" f.src = '{url}/'; document.body.appendChild(f); }})()")
+        browser.wait("window.__framed", "the frame to load")
+        shown = ("(() => { try { const d = document.getElementById('framed').contentDocument;"
+                 " return !!(d && d.getElementById('operator')); } catch (e) { return false; }"
+                 " })()")
+        assert browser.js(shown) is False  # the frame got Chromium's error page instead

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import re
+from urllib.parse import urljoin, urlsplit
 
+import pytest
 from flask.testing import FlaskClient
 
-from sagaworker import Sagaworker
+from sagaworker import SagaStatus, Sagaworker
 
-from .journal import Tools, awaiting_approval, compensated, completed, running
+from .journal import Tools, audit_rows, awaiting_approval, compensated, completed, running
 
 
 def _html(client: FlaskClient, url: str, status: int = 200) -> str:
@@ -145,6 +148,54 @@ def test_user_text_is_escaped(client: FlaskClient, sw: Sagaworker, tools: Tools)
     assert "order-&lt;b&gt;x&lt;/b&gt;" in _html(client, "/")
 
 
+#: saga ids that, put in a URL as they are, would lead a browser to another saga or page
+ODD_IDS = ["x/../../sagas/victim", "../victim", "victim/..", "victim?x=1#y", "a%2Fb%3F",
+           "/victim", "victim/", "a//b", "sp ace ü"]
+
+
+def _follow(page: str, href: str) -> str:
+    """Where a browser on ``page`` goes for ``href``: dot segments removed, no fragment."""
+    parts = urlsplit(urljoin("http://dashboard" + page, htmllib.unescape(href)))
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def _url_of(page_html: str, action: str) -> str:
+    found = re.findall(rf'data-action="{action}"\s+data-url="([^"]*)"', page_html)
+    assert len(found) == 1, found
+    return str(found[0])
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_a_saga_id_is_one_path_segment_in_every_url(alice: FlaskClient, sw: Sagaworker,
+                                                    tools: Tools, odd: str) -> None:
+    """Links and the Abort/Re-drive buttons carry the saga id percent-encoded as one path
+    segment: followed as a browser does, they reach that saga's page and act on that
+    saga, never on another one (``victim``) whose name the id spells out."""
+    running(sw, tools, "victim")
+    running(sw, tools, odd)
+    compensated(sw, tools, "dirty-victim", card="stuck-1")
+    compensated(sw, tools, odd + "-dirty", card="stuck-2")
+    index = _html(alice, "/")
+    pages = {}
+    for saga_id in (odd, odd + "-dirty"):
+        href = re.search(r'<a href="([^"]*)"><b>' + re.escape(htmllib.escape(saga_id))
+                         + "</b></a>", index)
+        assert href is not None, saga_id
+        pages[saga_id] = _follow("/", href.group(1))
+        assert f"<h1>{htmllib.escape(saga_id)} " in _html(alice, pages[saga_id])
+    abort_url = _follow(pages[odd], _url_of(_html(alice, pages[odd]), "abort"))
+    resp = alice.post(abort_url, json={"reason": "stop"})
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    assert resp.get_json()["saga_id"] == odd
+    assert audit_rows(sw, odd) == [("abort", "alice", "stop")]
+    assert sw.inspect("victim").status is SagaStatus.RUNNING and not audit_rows(sw, "victim")
+    dirty = pages[odd + "-dirty"]
+    resp = alice.post(_follow(dirty, _url_of(_html(alice, dirty), "redrive")), json={})
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    assert [a[:2] for a in audit_rows(sw, odd + "-dirty")] == [("retry_compensation", "alice")]
+    assert not audit_rows(sw, "dirty-victim")
+
+
 def _idle(sw: Sagaworker, tools: Tools, saga_id: str) -> None:
     """An asynchronous saga whose producer went away after one step: nothing written for
     two hours, then the sweeper's pass reports it (saga_idle)."""
@@ -278,3 +329,98 @@ def test_proxy_signed_in_operator_sees_the_buttons(sw: Sagaworker, tools: Tools)
     assert _buttons(anonymous) == [("approve", "order-gated", True),
                                    ("reject", "order-gated", True)]
     assert "come through the proxy that sets X-Forwarded-User" in anonymous
+
+
+SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "no-referrer"}
+
+
+@pytest.mark.parametrize(("method", "url"), [
+    ("GET", "/"), ("GET", "/ui/sagas/order-gated"), ("GET", "/ui/sagas/order-missing"),
+    ("GET", "/static/dashboard.css"), ("GET", "/static/dashboard.js"), ("GET", "/sagas"),
+    ("GET", "/sagas/order-missing"), ("GET", "/approvals"), ("GET", "/auth"),
+    ("GET", "/healthz"), ("POST", "/orders"), ("POST", "/sagas/order-gated/abort"),
+    ("DELETE", "/sagas"), ("GET", "/nowhere")])
+def test_every_response_forbids_framing_and_foreign_content(
+        client: FlaskClient, sw: Sagaworker, tools: Tools, method: str, url: str) -> None:
+    """Pages, the API, static files and errors all say: no framing (clickjacking the
+    operators' buttons), content from this origin only, no inline script, no sniffing,
+    no referrer."""
+    awaiting_approval(sw, tools, "order-gated")
+    resp = client.open(url, method=method, json={} if method == "POST" else None)
+    for name, value in SECURITY_HEADERS.items():
+        assert resp.headers.get(name) == value, (name, resp.headers)
+    csp = {d.split()[0]: d.split()[1:] for d in
+           resp.headers["Content-Security-Policy"].split(";") if d.strip()}
+    assert csp["default-src"] == ["'self'"] and csp["frame-ancestors"] == ["'none'"]
+    for directive in ("script-src", "style-src"):
+        assert csp.get(directive, ["'self'"]) == ["'self'"]  # nothing inline, no eval
+    assert csp["object-src"] == ["'none'"] and csp["base-uri"] == ["'none'"]
+
+
+def test_pages_need_nothing_inline(client: FlaskClient, sw: Sagaworker, tools: Tools) -> None:
+    """Every page keeps to its policy: no inline script, event handler or style attribute
+    (the look lives in dashboard.css, the behaviour in dashboard.js)."""
+    awaiting_approval(sw, tools, "order-gated")
+    compensated(sw, tools, "order-dirty", card="stuck-1")
+    compensated(sw, tools, "order-doubt", in_doubt=True)
+    _idle(sw, tools, "order-idle")
+    for url in ("/", "/ui/sagas/order-gated", "/ui/sagas/order-dirty", "/ui/sagas/order-doubt",
+                "/ui/sagas/order-idle"):
+        html = _html(client, url)
+        assert not re.search(r"\sstyle=", html), url
+        assert not re.search(r"\son[a-z]+=", html), url
+        assert re.findall(r"<script[^>]*>", html) == [
+            '<script src="/static/dashboard.js">'], url
+        assert "javascript:" not in html, url
+
+
+#: characters that reorder or hide text (right-to-left override, isolates, marks,
+#: zero-width characters, a terminal escape)
+HIDDEN = ["\u202e", "\u202a", "\u202b", "\u202c", "\u202d", "\u2066", "\u2067", "\u2068",
+          "\u2069", "\u200e", "\u200f", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff",
+          "\x1b"]
+
+
+def test_hidden_formatting_characters_are_shown_escaped(alice: FlaskClient, sw: Sagaworker,
+                                                         tools: Tools) -> None:
+    """An approver sees the real saga id and arguments: a right-to-left override, an
+    isolate or a zero-width character in a journal value is shown as ``\\uXXXX`` on the
+    index's approval table and the saga page. The buttons still decide that saga: the
+    script sends the id it reads percent-encoded from ``data-saga-id``."""
+    from urllib.parse import quote, unquote
+
+    sid = "order-\u202e4321\u202c-\u200b\u2066x\u2069"
+    saga = sw.begin(sid, metadata={"note\u200f": "IBAN \u202e0987\u202c \x1b[8mhidden"})
+    saga.enqueue(tools.reserve, "sku-\u2067x\u2069", 1)
+    saga.enqueue(tools.dispatch, "ship to \u202eevil\u202c\ufeff")
+    index, page = _html(alice, "/"), _html(alice, f"/ui/sagas/{quote(sid, safe='')}")
+    approvals = _section(index, "Waiting for approval", "</table>")
+    for html in (approvals, page):
+        for ch in HIDDEN:
+            assert ch not in html, repr(ch)
+        assert "order-\\u202e4321\\u202c-\\u200b\\u2066x\\u2069" in html
+        assert "ship to \\u202eevil\\u202c\\ufeff" in html
+    assert "IBAN \\u202e0987\\u202c \\u001b[8mhidden" in page and "note\\u200f" in page
+    assert "sku-\\u2067x\\u2069" in page
+    ids = re.findall(r'data-action="approve"[^>]*data-saga-id="([^"]*)"', approvals)
+    assert ids == [quote(sid, safe="")]
+    resp = alice.post("/approvals/approve", json={"saga_id": unquote(ids[0]), "seq": 2})
+    assert resp.status_code == 200, resp.get_json()
+
+
+def test_commands_to_copy_quote_the_saga_id(client: FlaskClient, sw: Sagaworker,
+                                            tools: Tools) -> None:
+    """The re-drive and abort commands a page offers to copy quote the id for the shell:
+    pasted, an id like ``x; touch pwned`` is one argument, not a second command."""
+    from urllib.parse import quote
+
+    odd = "x; touch pwned"
+    compensated(sw, tools, odd, card="stuck-1")
+    _idle(sw, tools, odd + " $(id)")
+    for url in ("/", f"/ui/sagas/{quote(odd, safe='')}"):
+        text = htmllib.unescape(_html(client, url))
+        assert "sagaworker retry-compensation 'x; touch pwned'" in text
+        assert "sagaworker retry-compensation x;" not in text
+    assert "sagaworker abort 'x; touch pwned $(id)' --reason" in htmllib.unescape(
+        _html(client, "/"))

@@ -112,7 +112,9 @@
     const a = button.dataset.action;
     const reason = $("confirm-reason").value.trim();
     if (a === "approve" || a === "reject") {
-      const b = { saga_id: button.dataset.saga, seq: Number(button.dataset.seq) };
+      // the exact id (data-saga shows it with hidden characters escaped)
+      const b = { saga_id: decodeURIComponent(button.dataset.sagaId),
+        seq: Number(button.dataset.seq) };
       if (a === "reject") b.reason = reason;
       return b;
     }
