@@ -2,9 +2,10 @@
 
 A real database migrates with ``sagaworker db upgrade`` (a release step). The embedded
 journal (the default ``sqlite:///sagaworker.db``) has no release step: the first process
-makes its tables and stamps them with the code's revision, so that a later release
-migrates it through Alembic at start like any other journal. A journal made by a release
-before the stamp (tables, no revision) gets the columns it lacks and the stamp.
+makes its tables and stamps them with the code's revision, so that a later release finds
+it older and says to run ``sagaworker db upgrade`` (which then works), as for any other
+journal. A journal made by a release before the stamp (tables, no revision: ``db
+upgrade`` could not start on it) gets the columns it lacks and the stamp.
 """
 
 from __future__ import annotations
@@ -12,23 +13,19 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, inspect, text
 
 from .._base.errors import ConfigurationError
-from .migrate import upgrade
 from .readiness import VERSION_TABLE, _revisions
 from .schema import metadata
 
 __all__ = ["set_up"]
 
 
-def set_up(engine: Engine, url: str) -> None:
-    """Make, complete or migrate the embedded journal on ``engine`` (at ``url``)."""
-    head, known = _revisions()
+def set_up(engine: Engine) -> None:
+    """Make or complete the embedded journal on ``engine`` (a stamped one is left to the
+    schema check: an older revision is refused, naming ``db upgrade``)."""
+    head = _revisions()[0]
     with engine.connect() as conn:
-        version = (conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-                   if inspect(conn).has_table(VERSION_TABLE) else None)
-    if version is not None:
-        if version in known and known.index(version) < known.index(head):
-            upgrade(url)  # a journal of an earlier release: migrated as any other
-        return
+        if inspect(conn).has_table(VERSION_TABLE):
+            return
     # one transaction (BEGIN IMMEDIATE): of processes starting together, one sets it up
     with engine.begin() as conn:
         metadata.create_all(conn)

@@ -164,7 +164,7 @@ class Journal:
         """The embedded journal's tables, stamped with the code's revision (``embedded``)."""
         from .embedded import set_up
 
-        set_up(self.engine, self.engine.url.render_as_string(hide_password=False))
+        set_up(self.engine)
 
     # -- helpers -----------------------------------------------------------------
 

@@ -230,10 +230,10 @@ def test_an_embedded_journal_of_an_earlier_release_carries_on(tmp_path: Path) ->
     """The embedded journal an earlier release made (its tables, no revision: it was never
     migrated) is completed at start (the columns it lacks, the revision stamped): steps run,
     the sweeper sweeps, and `db upgrade` works on it afterwards. One stamped with an
-    earlier revision is migrated at start."""
+    earlier revision is refused at start, naming `db upgrade`, which then works."""
     from celery import Celery
 
-    from sagaworker import Sagaworker, Settings
+    from sagaworker import ConfigurationError, Sagaworker, Settings
     from sagaworker._journal.readiness import _revisions
     from tests.integration.test_clocks import Bus
 
@@ -247,6 +247,10 @@ def test_an_embedded_journal_of_an_earlier_release_carries_on(tmp_path: Path) ->
                 conn.execute(text("DROP TABLE sagaworker_alembic_version"))
         sw = Sagaworker(Celery("old", broker="memory://"), settings=Settings(
             database_url=url, broker_url="memory://"))
+        if stamped:
+            with pytest.raises(ConfigurationError, match=r"older than .* db upgrade"):
+                sw.check_ready()
+            upgrade(url)
 
         @sw.tool()
         def plain(n: int) -> int:
