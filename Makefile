@@ -37,9 +37,10 @@ lowest:
 faults: $(STAMP)
 	FAULT_SCALE=large $(BIN)/pytest tests/faults
 
-# the state machine's model checker with a long random budget (make test runs a fixed one)
+# the state machine's model checker with a long random budget (make test runs a fixed one);
+# a failure reports at once (no shrinking), a pass takes minutes: past the usual timeout
 fuzz: $(STAMP)
-	SAGAWORKER_FUZZ=1 $(BIN)/pytest tests/statemachine/test_state_machine.py
+	SAGAWORKER_FUZZ=1 $(BIN)/pytest --timeout 1800 tests/statemachine/test_state_machine.py
 
 # guard mutations the model checker must catch, each applied to a copy of the library
 # (tests/statemachine/mutants.py): fails if one survives or no longer applies to the source

@@ -173,7 +173,8 @@ class JournalMachine(RuleBasedStateMachine):
         try:
             self.sw.get(saga_id).enqueue(spec.task, next(self.counter))
         except SagaworkerError as exc:
-            assert "takes no new steps" in str(exc) or "is " in str(exc)
+            assert ("takes no new steps" in str(exc) or "is " in str(exc)
+                    or saga_id in self.world.overdue), f"enqueue refused: {exc}"
             return
         assert before.fail_requested_at is None and SagaStatus(before.status) in OPEN, (
             "a step was journaled for a saga asked to fail or closed")
@@ -245,7 +246,9 @@ class JournalMachine(RuleBasedStateMachine):
             else:
                 self.sw.reject(req.token, approver="bob", reason="no")
         except ApprovalInvalid:
-            assert fail_first, "a decision on an open gate of a healthy saga was refused"
+            # (past its deadline, a gate may close before the sweeper's pass fails the saga)
+            assert fail_first or req.saga_id in self.world.overdue, (
+                "a decision on an open gate of a healthy saga was refused")
             return
         assert not fail_first, "a gate of a saga asked to fail accepted a decision"
 
