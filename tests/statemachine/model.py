@@ -530,6 +530,17 @@ class JournalMachine(RuleBasedStateMachine):
                 return
             x = self.pick(i, live)
         before = self.entry(x.saga_id, x.seq)
+        lease = before.comp_lease_until if undo else before.lease_until
+        holder = before.undo_token if undo else before.attempt_token
+        if lease is not None and holder != x.token:
+            # time passed: the holder's lease has half its time left, so a write by this
+            # fenced-out beat shows whatever the clock's resolution
+            col = entries.c.comp_lease_until if undo else entries.c.lease_until
+            with self.sw.journal.engine.begin() as conn:
+                conn.execute(update(entries).where(
+                    entries.c.saga_id == x.saga_id, entries.c.seq == x.seq, col > db_now())
+                    .values({col: db_later(self.sw.settings.lease_seconds / 2)}))
+            before = self.entry(x.saga_id, x.seq)
         if undo:
             col, ours = entries.c.comp_lease_until, (before.compensation is None
                                                      and before.undo_token == x.token
