@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench faults fuzz clean venv web browser pythons lowest
+.PHONY: demo test lint bench faults fuzz mutants clean venv web browser pythons lowest
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -37,9 +37,15 @@ lowest:
 faults: $(STAMP)
 	FAULT_SCALE=large $(BIN)/pytest tests/faults
 
-# the state machine's model checker with a long random budget (make test runs a fixed one)
+# the state machine's model checker with a long random budget (make test runs a fixed one);
+# a failure reports at once (no shrinking), a pass takes minutes: past the usual timeout
 fuzz: $(STAMP)
-	SAGAWORKER_FUZZ=1 $(BIN)/pytest tests/statemachine
+	SAGAWORKER_FUZZ=1 $(BIN)/pytest --timeout 1800 tests/statemachine/test_state_machine.py
+
+# guard mutations the model checker must catch, each applied to a copy of the library
+# (tests/statemachine/mutants.py): fails if one survives or no longer applies to the source
+mutants: $(STAMP)
+	$(BIN)/python -m tests.statemachine.mutants
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

@@ -1,0 +1,41 @@
+"""The model checker catches what it claims: guard mutations (``mutants.py``), each
+applied to a copy of the library, make it fail. ``make test`` runs the quick ones at the
+mutants' budget and checks every mutant still applies to the source; ``make mutants``
+runs them all."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.statemachine.mutants import MUTANTS, Mutant, drift, run
+
+#: the mutants the model catches within seconds at this budget (the others take longer:
+#: ``make mutants``)
+QUICK = ("executed-token-pg", "heartbeat-token", "awaiting-after-approval",
+         "rerun-not-idempotent", "claim-failing-fast", "claim-failing-locked",
+         "claim-failing-pg", "lease-takeover", "lease-takeover-pg", "undo-order",
+         "undo-while-running", "two-undos", "gate-failing", "enqueue-failing",
+         "complete-unexecuted", "complete-failing", "abort-terminal", "redrive-any",
+         "died-unreported")
+#: the budget of ``make mutants`` (the same examples, so the same verdicts)
+EXAMPLES, STEPS = 400, 50
+
+
+def test_every_mutant_still_applies_to_the_source() -> None:
+    """A snippet no longer in the source (the code moved on) is loud, not a silent pass."""
+    assert [p for m in MUTANTS for p in drift(m)] == []
+    assert set(QUICK) <= {m.name for m in MUTANTS}
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
+
+
+def _param(m: Mutant) -> object:
+    marks = [pytest.mark.services] if m.database == "postgresql" else []
+    return pytest.param(m, id=m.name, marks=marks)
+
+
+@pytest.mark.parametrize("mutant", [_param(m) for m in MUTANTS if m.name in QUICK])
+def test_the_model_checker_catches(mutant: Mutant) -> None:
+    outcome = run(mutant, examples=EXAMPLES, steps=STEPS)
+    if outcome.verdict == "skipped":
+        pytest.skip(outcome.detail)
+    assert outcome.verdict == "killed", f"{mutant.name} ({mutant.what}): {outcome.detail}"

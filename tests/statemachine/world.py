@@ -1,0 +1,173 @@
+"""What the model checker keeps beside the journal: the broker, the application (tools, a
+flow), and the world (which attempts and undos run, which effects happened)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+from pydantic import SecretStr
+
+from sagaworker import FlowContext, Reversibility, SagaStatus, Sagaworker, Settings
+from sagaworker._journal.dialect import db_later
+
+MAX_RERUNS = 1  # one re-run of an idempotent step whose attempt was lost
+#: the model's clock: the sweeper sees a row as old only once ``lapse`` moved it back by
+#: more than this, never because real time passed (a slow example on PostgreSQL passed the
+#: sweeper's 10 s failure cut-off and made the run nondeterministic)
+EPOCH = 10 * 365 * 86400.0
+RETRIES = 1  # SAGAWORKER_COMPENSATION_RETRIES: 1 + 1 tries per undo
+TOOLS = ("plain", "idem", "ship", "lookup")
+PREFIX = "tests.statemachine.world."
+PLAIN, IDEM, SHIP, LOOKUP = (PREFIX + t for t in TOOLS)
+
+
+def model_flow(s: FlowContext, n: int) -> dict[str, int]:
+    """The flow the model runs: a step, two in parallel, a gated one (each tool returns its
+    argument, so what the flow asks for is known in advance: ``flow_calls``)."""
+    a = s.call(PLAIN, n)
+    b, c = s.gather(s.enqueue(IDEM, a + 1), s.enqueue(LOOKUP, a + 2))
+    d = s.call(SHIP, b + c)
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+def flow_calls(n: int) -> list[tuple[str, list[Any]]]:
+    """Every step ``model_flow(n)`` journals, in order."""
+    return [(PLAIN, [n]), (IDEM, [n + 1]), (LOOKUP, [n + 2]), (SHIP, [2 * n + 3])]
+
+
+def flow_value(n: int) -> dict[str, int]:
+    return {"a": n, "b": n + 1, "c": n + 2, "d": 2 * n + 3}
+
+
+class RecordingBus:
+    """The broker: every message sagaworker sends, kept for the model to deliver."""
+
+    def __init__(self, sagas: list[str]) -> None:
+        self.messages: list[tuple[Any, ...]] = []
+        self.sagas = sagas  # the examples share a database: only this one's messages
+
+    def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
+                     kwargs: dict[str, Any], task_id: str, queue: str | None, *,
+                     retries: int = 0) -> bool:
+        if saga_id in self.sagas:
+            self.messages.append(("step", saga_id, seq, tool))
+        return True
+
+    def send_failure(self, saga_id: str, reason: str) -> None:
+        if saga_id in self.sagas:
+            self.messages.append(("failure", saga_id, reason))
+
+    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
+        if saga_id in self.sagas:
+            self.messages.append(("compensate", saga_id))
+
+    def send_advance(self, saga_id: str) -> None:
+        if saga_id in self.sagas:
+            self.messages.append(("advance", saga_id))
+
+    def queue_of(self, tool: str, queue: str | None) -> str | None:
+        return None  # one list for every queue: the relay's backlog check does not apply
+
+    def ready(self, queues: set[str]) -> dict[str, int]:
+        return {}
+
+
+def build(url: str) -> Sagaworker:
+    app = Celery("model", broker="memory://")
+    sw = Sagaworker(app, settings=Settings(
+        database_url=url, broker_url="memory://",
+        approval_secret=SecretStr("model-secret-" + "x" * 32), max_reruns=MAX_RERUNS,
+        compensation_retries=RETRIES, relay_after=300,
+        redeliver_after=600))
+
+    @sw.tool(compensable_by="undo_plain")
+    def plain(n: int) -> int:
+        return n
+
+    @sw.compensation
+    def undo_plain() -> None:
+        pass
+
+    @sw.tool(compensable_by="undo_plain", idempotent=True)
+    def idem(n: int) -> int:
+        return n
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def ship(n: int) -> int:
+        return n
+
+    @sw.tool()
+    def lookup(n: int) -> int:
+        return n
+
+    sw.flow(name="model_flow")(model_flow)
+    sw.validate()
+    sw.sweeper._ago = lambda seconds: db_later(-(seconds + EPOCH))  # type: ignore[method-assign]
+    return sw
+
+
+@dataclass
+class Attempt:
+    """A forward attempt a worker runs (or ran)."""
+
+    saga_id: str
+    seq: int
+    tool: str
+    token: str
+    arg: int
+    effect: bool = False
+    dead: bool = False     # its worker died: it does nothing more
+    lapsed: bool = False   # its lease lapsed; a live one still runs (it finishes late)
+    over: bool = False     # it ended: an outcome (journaled or fenced out), or it raised
+
+    @property
+    def holds(self) -> bool:
+        """It holds a lease that has not lapsed (dead or not): nobody may take over."""
+        return not self.over and not self.lapsed
+
+    @property
+    def running(self) -> bool:
+        return not self.over and not self.dead
+
+
+@dataclass
+class Undo:
+    """One try of an undo a chain runs (or ran)."""
+
+    saga_id: str
+    seq: int
+    token: str
+    attempt: int
+    applied: bool = False
+    dead: bool = False
+    lapsed: bool = False
+    over: bool = False
+
+    @property
+    def holds(self) -> bool:
+        return not self.over and not self.lapsed
+
+    @property
+    def running(self) -> bool:
+        return not self.over and not self.dead
+
+
+@dataclass
+class World:
+    effects: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: undos applied, by their idempotency key (a retry after a crash changes nothing)
+    undos: set[tuple[str, int]] = field(default_factory=set)
+    undo_order: dict[str, list[int]] = field(default_factory=dict)   # exec_order undone
+    terminal: dict[str, SagaStatus] = field(default_factory=dict)
+    executed: set[tuple[str, int]] = field(default_factory=set)
+    recorded: set[tuple[str, int]] = field(default_factory=set)
+    #: the token of the attempt that holds each entry (the last one claimed)
+    holder: dict[tuple[str, int], Attempt] = field(default_factory=dict)
+    reruns: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: an undo's tries before the last re-drive (each drive has its own cap)
+    tries_before: dict[tuple[str, int], int] = field(default_factory=dict)
+    flows: dict[str, int] = field(default_factory=dict)          # flow saga -> its n
+    deadlines: set[str] = field(default_factory=set)             # sagas with a deadline
+    overdue: set[str] = field(default_factory=set)               # ... that passed
