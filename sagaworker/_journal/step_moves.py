@@ -223,8 +223,9 @@ class StepMoves(MoveBase):
                                  in_doubt=in_doubt, lease_until=None)
             if not n:
                 row = self.j.entry(conn, saga_id, seq)
+                # our own FAILED (not a doubt another move wrote over our attempt)
                 replay = (row is not None and row.phase == Phase.FAILED.value
-                          and row.attempt_token == token)
+                          and row.attempt_token == token and row.decided_by is None)
                 return SagaStatus(saga.status) if replay else None
             tool = self.j.entry(conn, saga_id, seq).tool_name
             self._request_failure(conn, saga, f"step {seq} ({tool}) failed: {error}")

@@ -71,6 +71,8 @@ class Producer:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
         seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen)
+        if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
+            return []
         for e, seq in zip(new, seqs, strict=True):
             log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                      task_id=e.task_id,

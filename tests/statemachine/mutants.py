@@ -33,6 +33,7 @@ STEP, UNDO, SAGA = ("sagaworker/_journal/step_moves.py", "sagaworker/_journal/un
                     "sagaworker/_journal/saga_moves.py")
 PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/repository.py"
 GATE = "sagaworker/_producer/approvals.py"
+GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
 
 
 @dataclass(frozen=True)
@@ -69,20 +70,21 @@ MUTANTS: tuple[Mutant, ...] = (
        STEP, "entries.c.compensation.is_(None), entries.c.undo_token == token,",
        "entries.c.compensation.is_(None),"),
     _m("awaiting-after-approval", "the saga stays AWAITING_APPROVAL after its last approval",
-       STEP, "if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:",
+       GATE_MOVES, "if others is None and saga.status == SagaStatus.AWAITING_APPROVAL.value:",
        "if others is None and saga.status == 'never':"),
     _m("claim-failing-fast", "the one-statement claim runs a step of a saga asked to fail",
-       STEP, "sagas.c.status.in_(_OPEN_VALUES), sagas.c.fail_requested_at.is_(None))",
-       "sagas.c.status.in_(_OPEN_VALUES))"),
+       STEP, "sagas.c.status.in_(_OPEN_VALUES), sagas.c.fail_requested_at.is_(None),",
+       "sagas.c.status.in_(_OPEN_VALUES),"),
     _m("claim-failing-locked", "the locked claim runs a step of a saga asked to fail",
        STEP, "failing = status not in OPEN or saga.fail_requested_at is not None",
        "failing = status not in OPEN"),
     _m("claim-failing-pg", "the PostgreSQL claim runs a step of a saga asked to fail",
        PGFAST, "AND s.status IN ({_OPEN}) AND s.fail_requested_at IS NULL",
        "AND s.status IN ({_OPEN})", database="postgresql"),
-    _m("lease-takeover", "a claim takes over an attempt whose lease is still live",
-       STEP, "if row.alive:\n            return Claim(Start.BUSY",
-       "if False:\n            return Claim(Start.BUSY"),
+    Mutant("lease-takeover", "a claim takes over an attempt whose lease is still live", (
+        Edit(STEP, "    if row.alive:\n        return Claim(Start.BUSY",
+             "    if False:\n        return Claim(Start.BUSY"),
+        Edit(STEP, "return [same, entries.c.lease_until < db_now()]", "return [same]"))),
     _m("lease-takeover-fast", "the one-statement claim ignores a held lease",
        STEP, "entries.c.phase == _INTENT, entries.c.lease_until.is_(None),\n",
        "entries.c.phase == _INTENT,\n"),
@@ -103,9 +105,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("undo-order", "undos claimed earliest first instead of latest first",
        UNDO, ".order_by(entries.c.exec_order.desc()).limit(1).scalar_subquery())",
        ".order_by(entries.c.exec_order.asc()).limit(1).scalar_subquery())"),
-    _m("undo-while-running", "an undo is claimed while a forward step of the saga runs",
-       UNDO, "            if p.alive:\n                return p", "            if False:\n"
-       "                return p"),
+    Mutant("undo-while-running", "an undo is claimed while a forward step of the saga runs", (
+        Edit(UNDO, "if p.alive or not self._doubt(", "if not self._doubt("),
+        Edit(MOVES_BASE, "entries.c.lease_until.is_(None) | (entries.c.lease_until < db_now()),\n",
+             "\n"))),
     _m("two-undos", "a second undo of a saga is claimed beside a live one",
        UNDO, "if any(r.comp_alive for r in live):", "if False:"),
     _m("outcome-token", "an undo's outcome is journaled without the undo token (twice)",
