@@ -42,7 +42,7 @@ class Sweeper:
 
     def log_orphans(self) -> int:
         rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
-        t = self._clock()
+        t = self._clock() if rows else None
         for r in rows:
             log.error("orphan_intent", saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
                       task_id=r.task_id, age_s=round((t - aware(r.created_at)).total_seconds(), 1))  # type: ignore[operator]
@@ -192,6 +192,7 @@ class Sweeper:
                     sagas.c.idle_reported_at < sagas.c.updated_at),
                 ~busy.exists()).limit(_BATCH))
         n = 0
+        t = self._clock() if rows else None
         for r in rows:
             with self.rt.journal.engine.begin() as conn:
                 got = conn.execute(update(sagas).where(
@@ -201,7 +202,7 @@ class Sweeper:
                     .values(idle_reported_at=db_now())).rowcount
             if got:
                 n += 1
-                idle = (self._clock() - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
+                idle = (t - aware(r.updated_at)).total_seconds()  # type: ignore[operator]
                 log.error("saga_idle", saga_id=r.saga_id, idle_s=round(idle, 1),
                           detail=f"RUNNING with no step in flight and no write for "
                                  f"{round(idle)} s: complete it, or run `sagaworker abort "

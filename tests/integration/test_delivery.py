@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -300,8 +301,9 @@ def test_undecodable_messages_are_dead_lettered_and_logged(crash_cluster: Cluste
     lines = [e for e in c.events() if e.get("event") == "undecodable_message"]
     assert all(e["level"] == "error" and DEAD_LETTER_QUEUE in e["detail"] for e in lines)
     assert "4111" not in " ".join(str(e) for e in lines)
-    assert sorted(dead_letters(c, lambda h: h.get("probe") == probe, len(BROKEN))) == sorted(
-        BROKEN)
+    # each kind once (the order the broker dead-letters them in is not promised)
+    assert Counter(dead_letters(c, lambda h: h.get("probe") == probe, len(BROKEN))) == \
+        Counter(BROKEN.keys())
     key = uid("k")
     assert c.sw.saga(key, lambda s: s.call(c.tool("step"), key, "after"), timeout=T).status \
         is SagaStatus.COMPLETED

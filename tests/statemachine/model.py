@@ -437,11 +437,7 @@ class JournalMachine(RuleBasedStateMachine):
         and may finish late; ``redeliver``: its message comes again at once (the sweeper's
         resend, a redelivery), and that claim finds it dead."""
         a = self.pick(i, [a for a in self.attempts if a.running and not a.lapsed])
-        with self.sw.journal.engine.begin() as conn:
-            conn.execute(update(entries).where(entries.c.attempt_token == a.token,
-                                               entries.c.lease_until.is_not(None))
-                         .values(lease_until=db_later(-1.0)))
-        a.lapsed = True
+        self._lapse(a, entries.c.attempt_token, "lease_until")
         if redeliver:
             self._claim(a.saga_id, a.seq, a.tool)
 
@@ -494,16 +490,20 @@ class JournalMachine(RuleBasedStateMachine):
         else:
             self.finish([x for x in self.attempts if x.running].index(a), how)
 
+    def _lapse(self, t: Any, token_col: Any, lease: str) -> None:
+        """The lease of the attempt or undo try ``t`` lapses (its token's row)."""
+        with self.sw.journal.engine.begin() as conn:
+            conn.execute(update(entries).where(token_col == t.token,
+                                               entries.c[lease].is_not(None))
+                         .values({lease: db_later(-1.0)}))
+        t.lapsed = True
+
     @precondition(lambda self: any(u.running and not u.lapsed for u in self.undos))
     @rule(i=st.integers(0, 20), redeliver=st.booleans())
     def lapse_live_undo(self, i: int, redeliver: bool) -> None:
         """A live undo's lease lapses; ``redeliver``: a chain message comes at once."""
         u = self.pick(i, [u for u in self.undos if u.running and not u.lapsed])
-        with self.sw.journal.engine.begin() as conn:
-            conn.execute(update(entries).where(entries.c.undo_token == u.token,
-                                               entries.c.comp_lease_until.is_not(None))
-                         .values(comp_lease_until=db_later(-1.0)))
-        u.lapsed = True
+        self._lapse(u, entries.c.undo_token, "comp_lease_until")
         if redeliver:
             self._chain(u.saga_id)
 

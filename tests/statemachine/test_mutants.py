@@ -5,6 +5,8 @@ runs them all."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.statemachine.mutants import MUTANTS, Mutant, drift, run
@@ -36,6 +38,6 @@ def _param(m: Mutant) -> object:
 @pytest.mark.parametrize("mutant", [_param(m) for m in MUTANTS if m.name in QUICK])
 def test_the_model_checker_catches(mutant: Mutant) -> None:
     outcome = run(mutant, examples=EXAMPLES, steps=STEPS)
-    if outcome.verdict == "skipped":
-        pytest.skip(outcome.detail)
+    if outcome.verdict == "skipped" and os.environ.get("CI") != "true":
+        pytest.skip(outcome.detail)  # (locally only: CI has every service)
     assert outcome.verdict == "killed", f"{mutant.name} ({mutant.what}): {outcome.detail}"

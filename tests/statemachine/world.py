@@ -108,19 +108,12 @@ def build(url: str) -> Sagaworker:
     return sw
 
 
-@dataclass
-class Attempt:
-    """A forward attempt a worker runs (or ran)."""
+class _Try:
+    """What an attempt and an undo try share: a lease that lapses, a worker that dies."""
 
-    saga_id: str
-    seq: int
-    tool: str
-    token: str
-    arg: int
-    effect: bool = False
-    dead: bool = False     # its worker died: it does nothing more
-    lapsed: bool = False   # its lease lapsed; a live one still runs (it finishes late)
-    over: bool = False     # it ended: an outcome (journaled or fenced out), or it raised
+    dead: bool
+    lapsed: bool
+    over: bool
 
     @property
     def holds(self) -> bool:
@@ -133,7 +126,22 @@ class Attempt:
 
 
 @dataclass
-class Undo:
+class Attempt(_Try):
+    """A forward attempt a worker runs (or ran)."""
+
+    saga_id: str
+    seq: int
+    tool: str
+    token: str
+    arg: int
+    effect: bool = False
+    dead: bool = False     # its worker died: it does nothing more
+    lapsed: bool = False   # its lease lapsed; a live one still runs (it finishes late)
+    over: bool = False     # it ended: an outcome (journaled or fenced out), or it raised
+
+
+@dataclass
+class Undo(_Try):
     """One try of an undo a chain runs (or ran)."""
 
     saga_id: str
@@ -144,14 +152,6 @@ class Undo:
     dead: bool = False
     lapsed: bool = False
     over: bool = False
-
-    @property
-    def holds(self) -> bool:
-        return not self.over and not self.lapsed
-
-    @property
-    def running(self) -> bool:
-        return not self.over and not self.dead
 
 
 @dataclass
