@@ -140,6 +140,8 @@ class EntryRecord:
     rejection_reason: str | None = None
     compensated_at: datetime | None = None
     exec_order: int | None = None
+    #: the caller's id for the step (an agent framework's tool-call id), if it gave one
+    call_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from .._journal.repository import Journal
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
 from .._observe.logging import ensure_structlog, get_logger
+from .._producer.aio import offload
 from .._producer.approvals import Gate
 from .._producer.producer import Producer
 from .._producer.saga import Saga, SyncSaga, run_sync
@@ -187,6 +188,13 @@ class Sagaworker:
         self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline))
         return Saga(self.rt, self.producer, saga_id)
 
+    async def astart(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,
+                     metadata: dict[str, Any] | None = None, deadline: float | None = None,
+                     **kwargs: Any) -> Saga:
+        """``start``, awaitable (the journal write off the event loop)."""
+        return await offload(lambda: self.start(saga_id, flow, *args, metadata=metadata,
+                                                deadline=deadline, **kwargs))
+
     def _check_metadata(self, metadata: dict[str, Any] | None) -> None:
         check_size(check_json(metadata or {}, "saga metadata"), "the saga's metadata",
                    self.settings.max_args_bytes)
@@ -217,6 +225,15 @@ class Sagaworker:
         self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline))
         return Saga(self.rt, self.producer, saga_id)
 
+    async def abegin(self, saga_id: str, *, metadata: dict[str, Any] | None = None,
+                     deadline: float | None = None) -> Saga:
+        """``begin``, awaitable (the journal write off the event loop)."""
+        return await offload(self.begin, saga_id, metadata=metadata, deadline=deadline)
+
+    async def aget(self, saga_id: str) -> Saga:
+        """``get``, awaitable."""
+        return await offload(self.get, saga_id)
+
     def get(self, saga_id: str) -> Saga:
         """The handle on an existing saga (in another process, say); SagaNotFound if none."""
         if self.journal.saga_row(saga_id) is None:
@@ -230,6 +247,10 @@ class Sagaworker:
 
     def inspect(self, saga_id: str) -> SagaRecord:
         return self.journal.inspect(saga_id)
+
+    async def ainspect(self, saga_id: str) -> SagaRecord:
+        """``inspect``, awaitable."""
+        return await offload(self.inspect, saga_id)
 
     def sagas(self, status: SagaStatus | str | None = None, limit: int = 100) -> list[SagaRecord]:
         return self.journal.list_sagas(status, limit)
@@ -254,6 +275,18 @@ class Sagaworker:
 
     def reject(self, token: str, *, approver: str, reason: str) -> None:
         self.gate.decide(token, approver=approver, approve=False, reason=reason)
+
+    async def aapprove(self, token: str, *, approver: str) -> None:
+        """``approve``, awaitable."""
+        await offload(self.approve, token, approver=approver)
+
+    async def areject(self, token: str, *, approver: str, reason: str) -> None:
+        """``reject``, awaitable."""
+        await offload(self.reject, token, approver=approver, reason=reason)
+
+    async def apending_approvals(self) -> list[ApprovalRequest]:
+        """``pending_approvals``, awaitable."""
+        return await offload(self.pending_approvals)
 
     # -- compensation ----------------------------------------------------------------
 

@@ -83,6 +83,9 @@ class Wake:
         """Notifications for this saga will arrive (long sleeps are then safe)."""
         return self._notifier is not None and self._notifier.notifies(self._saga_id)
 
+    def bind(self, notifier: Notifier, saga_id: str) -> None:
+        self._notifier, self._saga_id = notifier, saga_id
+
     def arm(self) -> None:
         """Called before each read of the journal: a notification after it is not missed."""
         self._event.clear()
@@ -121,8 +124,11 @@ class Notifier:
         return self.listening and saga_id in self._registered
 
     @contextmanager
-    def watch(self, saga_id: str) -> Iterator[Wake]:
-        wake = Wake(self, saga_id)
+    def watch(self, saga_id: str, wake: Wake | None = None) -> Iterator[Wake]:
+        if wake is None:
+            wake = Wake(self, saga_id)
+        else:
+            wake.bind(self, saga_id)
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's thread is not here
                 self._reset()

@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -37,6 +36,7 @@ from .._base.types import (
 )
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
+from .callers import CallerMoves, NewEntry
 from .dialect import db_later, db_now, is_busy, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
@@ -86,19 +86,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class NewEntry:
-    tool_name: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    args_digest: str
-    queue: str | None
-    task_id: str
-    gated: bool
-    approval_nonce: str | None = None
-
-
-class Journal:
+class Journal(CallerMoves):
     """Repository over the sagaworker tables."""
 
     def __init__(self, engine: Engine) -> None:
@@ -109,15 +97,15 @@ class Journal:
         self._notifier: Notifier | None = None
         self._notifier_lock = threading.Lock()
 
-    def watch(self, saga_id: str) -> AbstractContextManager[Wake]:
-        """What a call waiting on a saga sleeps on (``poll``): LISTEN/NOTIFY on PostgreSQL."""
+    def watch(self, saga_id: str, wake: Wake | None = None) -> AbstractContextManager[Wake]:
+        """What a waiting call sleeps on (``poll``; ``aio``'s own): LISTEN/NOTIFY on PG."""
         if not listens(self.engine):
-            return nullcontext(Wake(None))
+            return nullcontext(wake or Wake(None))
         if self._notifier is None:
             with self._notifier_lock:
                 if self._notifier is None:
                     self._notifier = Notifier(self.engine)
-        return self._notifier.watch(saga_id)
+        return self._notifier.watch(saga_id, wake)
 
     def write(self, body: Callable[[Connection], _T]) -> _T:
         """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
@@ -234,7 +222,8 @@ class Journal:
         ``seen``: how many steps had an outcome in what that replay read.
         """
         gated = any(e.gated for e in new)
-        if len(new) == 1 and expect_seq is None and _pgfast.enabled(self.engine):
+        if (len(new) == 1 and expect_seq is None and new[0].call_id is None
+                and _pgfast.enabled(self.engine)):
             return [self._intent_fast(saga_id, new[0])]
 
         def body(conn: Connection) -> list[int]:
@@ -375,7 +364,7 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry) -> dict[str, Any]:
         "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
         "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
-    }
+        "call_id": e.call_id}
 
 
 def _storable(values: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def entry_record(row: Any) -> EntryRecord:
         approved_by=row.approved_by, approved_at=aware(row.approved_at),
         rejected_by=row.rejected_by, rejected_at=aware(row.rejected_at),
         rejection_reason=row.rejection_reason, compensated_at=aware(row.compensated_at),
-        exec_order=row.exec_order,
+        exec_order=row.exec_order, call_id=row.call_id,
     )
 
 

@@ -55,6 +55,11 @@ class Runtime:
         self._lock = threading.Lock()
 
     @property
+    def journal_made(self) -> bool:
+        """The journal is made (its first use, which connects, is behind)."""
+        return self._journal is not None
+
+    @property
     def journal(self) -> Journal:
         if self._journal is None:
             with self._lock:

@@ -131,6 +131,8 @@ entries = Table(
     # (a claim or a chain that found its worker lost, a claim that cancelled it):
     # replayed after a lost COMMIT, that move reports what it found again
     Column("decided_by", String(32)),
+    # the caller's id for this step (an agent framework's tool-call id): one step per id
+    Column("call_id", String(200)),
     # compensation
     Column("compensation", String(32)),
     Column("compensation_detail", Text),
@@ -152,6 +154,7 @@ entries = Table(
     Column("rejected_at", _ts),
     Column("rejection_reason", Text),
     Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
+    Index("ux_sagaworker_entries_call_id", "saga_id", "call_id", unique=True),
     # retention keeps the sagas with an in-doubt entry: without it, each batch of a prune
     # read the whole entries table to find the (few) in-doubt rows
     Index("ix_sagaworker_entries_in_doubt", "saga_id",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -74,16 +75,44 @@ class Producer:
         if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
             return []
         for e, seq in zip(new, seqs, strict=True):
-            log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
-                     task_id=e.task_id,
-                     kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
-                                        self.rt.settings.redact_keys)[1])
-            if e.gated:
-                log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
-                         approver=None)
-            else:
-                self.publish(saga_id, seq, e.tool_name, e.args, e.kwargs, e.task_id, e.queue)
+            self._announce(saga_id, seq, e)
         return list(zip(seqs, new, strict=True))
+
+    def enqueue_call(self, saga_id: str, call_id: str, tool: Any, args: Sequence[Any],
+                     kwargs: dict[str, Any]) -> tuple[int, str, str]:
+        """Journal one step for a caller's call id, unless the saga holds it already:
+        ``(seq, task_id, tool)`` of the step for that id."""
+        if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
+            raise BadInput(f"call id {call_id!r}: give a non-empty string of at most 200 "
+                           "characters (the framework's tool-call id)")
+        if any(ch < " " or ch == "\x7f" for ch in call_id):
+            raise BadInput(f"call id {call_id!r} holds a control character; nothing was "
+                           "journaled")
+        if not self.rt.registry.validated:
+            self.rt.registry.validate()
+        new = dataclasses.replace(self.prepare(tool, args, kwargs), call_id=call_id)
+        found, created = self.rt.journal.add_call(saga_id, new)
+        if created:
+            self._announce(saga_id, found, new)
+            return found, new.task_id, new.tool_name
+        if found.tool_name != new.tool_name or found.args_digest != new.args_digest:
+            raise BadInput(
+                f"call id {call_id!r} already journaled step {found.seq} of saga {saga_id!r} "
+                f"({found.tool_name}) with other arguments; one call id names one call: "
+                "nothing was journaled")
+        return found.seq, found.task_id, found.tool_name
+
+    def _announce(self, saga_id: str, seq: int, e: NewEntry) -> None:
+        """A journaled step's log lines, and its publish unless it waits at a gate."""
+        log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
+                 task_id=e.task_id, **({"call_id": e.call_id} if e.call_id else {}),
+                 kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
+                                    self.rt.settings.redact_keys)[1])
+        if e.gated:
+            log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
+                     approver=None)
+        else:
+            self.publish(saga_id, seq, e.tool_name, e.args, e.kwargs, e.task_id, e.queue)
 
     def publish(self, saga_id: str, seq: int, tool: str, args: list[Any],
                 kwargs: dict[str, Any], task_id: str, queue: str | None) -> bool:

@@ -6,11 +6,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._base.errors import ApprovalRejected, SagaworkerError, ToolFailed
+from .._base.errors import ApprovalRejected, SagaNotFound, SagaworkerError, ToolFailed
 from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
 from .._observe.redact import exception_text, secret_values
+from . import aio
 from .producer import Producer
 
 __all__ = ["Saga", "Step", "SyncSaga", "poll", "saga_secrets"]
@@ -56,6 +57,14 @@ class Step:
         row = self.rt.journal.entry_row(self.saga_id, self.seq)
         return Phase(row.phase)
 
+    async def aphase(self) -> Phase:
+        """``phase``, awaitable."""
+        row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
+        return Phase(row.phase)
+
+    def _what(self) -> str:
+        return f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}"
+
     def result(self, timeout: float | None = None) -> Any:
         """The journaled result; ToolFailed if it FAILED, ApprovalRejected if rejected."""
         def check() -> Any:
@@ -63,8 +72,17 @@ class Step:
             return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
 
         with self.rt.journal.watch(self.saga_id) as wake:
-            row = poll(check, timeout,
-                       f"step {self.seq} ({self.tool_name}) of saga {self.saga_id!r}", wake)
+            row = poll(check, timeout, self._what(), wake)
+        return self._outcome(row)
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """``result()``, awaitable: no thread waits (``aio``)."""
+        hub = await aio.hub_of(self.rt)
+        await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout, self._what())
+        return self._outcome(await aio.offload(self.rt.journal.entry_row, self.saga_id,
+                                               self.seq))
+
+    def _outcome(self, row: Any) -> Any:
         phase = Phase(row.phase)
         if phase is Phase.EXECUTED and row.error is None:
             return row.result
@@ -102,6 +120,26 @@ class Saga:
         """Journal INTENT, commit, then publish the tool task."""
         return self._steps([(tool, args, kwargs)])[0]
 
+    async def aenqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
+        """``enqueue``, awaitable (the journal write and the publish off the loop)."""
+        return (await aio.offload(self._steps, [(tool, args, kwargs)]))[0]
+
+    def enqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
+                     kwargs: dict[str, Any] | None = None) -> Step:
+        """Journal one step for a caller's call id (an agent framework's tool-call id).
+        The saga holding a step for that id already, that step is returned: one call id
+        never journals a second step. The same id with another tool or other arguments
+        is BadInput."""
+        seq, task_id, name = self.producer.enqueue_call(self.saga_id, call_id, tool,
+                                                        tuple(args), dict(kwargs or {}))
+        return Step(self.rt, self.saga_id, seq, task_id, name)
+
+    async def aenqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
+                            kwargs: dict[str, Any] | None = None) -> Step:
+        """``enqueue_call``, awaitable."""
+        return await aio.offload(self.enqueue_call, call_id, tool, tuple(args),
+                                 dict(kwargs or {}))
+
     def enqueue_many(
         self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]
     ) -> list[Step]:
@@ -116,6 +154,30 @@ class Saga:
         """Publish the saga-failure message (journaled first, so it is never lost)."""
         self.producer.fail(self.saga_id, reason)
 
+    async def acomplete(self) -> None:
+        """``complete()``, awaitable."""
+        await aio.offload(self.complete)
+
+    async def afail(self, reason: str) -> None:
+        """``fail(reason)``, awaitable."""
+        await aio.offload(self.fail, reason)
+
+    async def astatus(self) -> SagaStatus:
+        """``status``, awaitable."""
+        return await aio.offload(lambda: self.status)
+
+    async def aresult(self, timeout: float | None = None) -> SagaResult:
+        """``wait(timeout)``, awaitable: the SagaResult once the saga is terminal."""
+        hub = await aio.hub_of(self.rt)
+        await aio.wait_for(hub.wait_saga(self.saga_id), timeout, f"saga {self.saga_id!r}")
+        return await aio.offload(self._terminal_result)
+
+    def _terminal_result(self) -> SagaResult:
+        row = self.rt.journal.saga_row(self.saga_id)
+        if row is None:
+            raise SagaNotFound(f"no saga {self.saga_id!r} in the journal (pruned?)")
+        return self._result(row)
+
     def wait(self, timeout: float | None = None) -> SagaResult:
         """The SagaResult once the saga is terminal; TimeoutError otherwise."""
         def check() -> Any:
@@ -124,6 +186,9 @@ class Saga:
 
         with self.rt.journal.watch(self.saga_id) as wake:
             row = poll(check, timeout, f"saga {self.saga_id!r}", wake)
+        return self._result(row)
+
+    def _result(self, row: Any) -> SagaResult:
         rec = self.rt.journal.inspect(self.saga_id)
         return SagaResult(saga_id=self.saga_id, status=rec.status, value=row.result,
                           error=None if rec.status is SagaStatus.COMPLETED else rec.reason,

@@ -13,6 +13,7 @@ import contextvars
 
 import structlog
 
+from .._base.awaiting import settle
 from .._base.types import CompensationContext, OutcomeResult, SagaStatus
 from .._journal.machine import Held, UndoClaim, UndoState, new_token
 from .._journal.rows import idempotency_key
@@ -112,10 +113,7 @@ class Compensator:
         held: Held = (saga_id, row.seq, True, token)
         self.heartbeat.hold(held)
         try:
-            if undo.takes_context:
-                undo.fn(ctx)
-            else:
-                undo.fn()
+            settle(undo.fn(ctx) if undo.takes_context else undo.fn())
         except Exception as exc:
             detail = f"{type(exc).__name__}: {exc}"
             if st.attempt < 1 + rt.settings.compensation_retries:

@@ -14,6 +14,7 @@ import structlog
 from celery import Task
 from celery.exceptions import Reject
 
+from .._base.awaiting import settle
 from .._base.canonical import args_digest, not_json
 from .._base.errors import BadInput
 from .._base.registry import ToolSpec
@@ -221,7 +222,7 @@ class Executor:
         self.heartbeat.hold(held)
         started = time.perf_counter()
         try:
-            value = spec.fn(*args, **kwargs)
+            value = settle(spec.fn(*args, **kwargs))
         except Exception as exc:
             self.heartbeat.drop(held)
             self.failures.raised(task.request.id, spec, saga_id, seq, token, exc, args,

@@ -6,6 +6,7 @@ written by the tools themselves, so the tests check what really happened.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from sagaworker import (
     Sagaworker,
     Settings,
     ToolFailed,
+    current_idempotency_key,
 )
 from sagaworker._journal.dialect import normalize_url
 
@@ -401,9 +403,63 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
                types=[type(v).__name__ for v in (when, amount, ref)])
         return {"next_day": when + timedelta(days=1), "double": amount * 2, "ref": ref}
 
+    @sw.tool(compensable_by="undo_astep")
+    async def astep(key: str, name: str, fail: bool = False, pause: float = 0.0) -> dict[str, Any]:
+        """An ``async def`` tool: awaits, then records; reports its idempotency key and
+        whether it ran on an event loop (to show the worker ran the coroutine through)."""
+        await asyncio.sleep(pause)
+        if fail:
+            raise Boom(f"{name} failed on purpose")
+        record(key, "effect", name)
+        return {"name": name, "loop": asyncio.get_running_loop() is not None,
+                "key": current_idempotency_key()}
+
+    @sw.compensation
+    async def undo_astep(ctx: CompensationContext) -> None:
+        await asyncio.sleep(0)
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1],
+                    current=current_compensation_key())
+
+    # the trip an agent books (tests/agents): a hotel, a card charge, a voucher mail
+    @sw.tool(compensable_by="cancel_hotel")
+    def book_hotel(key: str, city: str, nights: int) -> dict[str, Any]:
+        """Book a hotel room in a city for a number of nights."""
+        record(key, "effect", "book_hotel", city=city, nights=nights)
+        return {"booking": f"H-{city}-{nights}"}
+
+    @sw.compensation
+    def cancel_hotel(ctx: CompensationContext) -> None:
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", "book_hotel")
+
+    @sw.tool(compensable_by="refund_card")
+    async def charge_card(key: str, card: str, amount_cents: int) -> dict[str, Any]:
+        """Charge a card; the card "declined" is refused (the step FAILS)."""
+        await asyncio.sleep(0)
+        if card == "declined":
+            raise Boom("card declined")
+        record(key, "effect", "charge_card", amount_cents=amount_cents)
+        return {"charge": f"C-{amount_cents}"}
+
+    @sw.compensation
+    def refund_card(ctx: CompensationContext) -> None:
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", "charge_card")
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def send_voucher(key: str, email: str) -> str:
+        """Mail the trip's voucher to a customer (cannot be unsent)."""
+        record(key, "effect", "send_voucher", email=email)
+        return f"voucher sent to {email}"
+
     for flow in FLOWS:
         sw.flow()(flow)
     return app, sw
+
+
+def current_compensation_key() -> str | None:
+    from sagaworker._recovery.compensation import current_compensation
+
+    ctx = current_compensation.get(None)
+    return None if ctx is None else ctx.idempotency_key
 
 
 if os.environ.get("TESTS_APP_WORKER") == "1":  # set by the fixtures for worker processes

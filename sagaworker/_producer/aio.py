@@ -1,0 +1,208 @@
+"""The asyncio twins' machinery: no thread per waiter, and a loop that never blocks.
+
+Two things an awaitable call needs:
+
+- **Short blocking calls** (a journal write, a broker publish, one read) run on a small
+  thread pool of the process's own (:class:`Offload`, :data:`POOL_SIZE` threads at most,
+  made on first use), never on the event loop and never on the loop's default executor
+  (which the application's own ``to_thread`` calls share). The caller's context variables
+  go with each call (a trace, a request id).
+- **Waiting** (``Step.aresult``, ``Saga.aresult``) holds no thread at all: every call
+  waiting on a loop is a future in that loop's :class:`Hub`. The hub reads, in one query,
+  which of the waited steps have an outcome and which waited sagas are terminal, resolves
+  those futures, and sleeps until the journal says something changed: on PostgreSQL the
+  process's one listener (``LISTEN/NOTIFY``, :mod:`.._journal.notify`, shared with the
+  synchronous waits) wakes it through ``call_soon_threadsafe``, and it still reads every
+  ``SAFETY_POLL`` seconds; on SQLite (no notifications) it reads on the synchronous
+  calls' backoff (5 ms growing to 50 ms), one query for all the loop's waits. A thousand
+  concurrent waits hold one listener thread and, while the hub reads, one pool thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
+from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
+
+__all__ = ["POOL_SIZE", "Hub", "Offload", "hub_of", "offload", "wait_for"]
+
+_T = TypeVar("_T")
+_log = get_logger()
+
+#: the most threads the awaitable calls' blocking parts use at once, per process
+POOL_SIZE = 8
+
+
+class Offload:
+    """The process's pool for the blocking part of an awaitable call (re-made after a fork)."""
+
+    def __init__(self, size: int = POOL_SIZE) -> None:
+        self.size = size
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():
+            with self._lock:
+                if self._pool is None or self._pid != os.getpid():
+                    self._pool = ThreadPoolExecutor(self.size,
+                                                    thread_name_prefix="sagaworker-aio")
+                    self._pid = os.getpid()
+        return self._pool
+
+    async def __call__(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        ctx = contextvars.copy_context()
+        return await loop.run_in_executor(self.pool(),
+                                          functools.partial(ctx.run, fn, *args, **kwargs))
+
+
+#: the one pool of this process
+offload = Offload()
+
+
+class _LoopWake(Wake):
+    """A notification for a waited saga pokes the loop's hub (from the listener thread)."""
+
+    def __init__(self, hub: Hub) -> None:
+        super().__init__(None)
+        self._hub = hub
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+            self._hub.loop.call_soon_threadsafe(self._hub.poke)
+
+
+class Hub:
+    """Every ``aresult`` waiting on one event loop for one journal."""
+
+    def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+        self.rt, self.loop = rt, loop
+        self._steps: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._sagas: dict[str, set[asyncio.Future[None]]] = {}
+        #: per waited saga: its notification registration, and how many wait on it
+        self._watches: dict[str, tuple[AbstractContextManager[Wake], Wake, int]] = {}
+        self._poked = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    async def wait_step(self, saga_id: str, seq: int) -> None:
+        """Returns once the step has an outcome (cancel it for a timeout)."""
+        await self._wait(self._steps, (saga_id, seq), saga_id)
+
+    async def wait_saga(self, saga_id: str) -> None:
+        """Returns once the saga is terminal (or not in the journal)."""
+        await self._wait(self._sagas, saga_id, saga_id)
+
+    async def _wait(self, table: dict[Any, set[asyncio.Future[None]]], key: Any,
+                    saga_id: str) -> None:
+        fut: asyncio.Future[None] = self.loop.create_future()
+        table.setdefault(key, set()).add(fut)
+        try:
+            await self._watch(saga_id)
+            if self._task is None or self._task.done():
+                self._task = self.loop.create_task(self._run(), name="sagaworker-aresult")
+            self.poke()
+            await fut
+        finally:
+            waiting = table.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del table[key]
+            self._unwatch(saga_id)
+
+    async def _watch(self, saga_id: str) -> None:
+        held = self._watches.get(saga_id)
+        if held is not None:
+            self._watches[saga_id] = (held[0], held[1], held[2] + 1)
+            return
+        wake = _LoopWake(self)
+        cm = self.rt.journal.watch(saga_id, wake)
+        # entering may register the saga with one round trip: not on the loop
+        self._watches[saga_id] = (cm, wake, 1)
+        try:
+            await offload(cm.__enter__)
+        except BaseException:
+            self._watches.pop(saga_id, None)
+            raise
+
+    def _unwatch(self, saga_id: str) -> None:
+        held = self._watches.get(saga_id)
+        if held is None:
+            return
+        if held[2] > 1:
+            self._watches[saga_id] = (held[0], held[1], held[2] - 1)
+            return
+        del self._watches[saga_id]
+        held[0].__exit__(None, None, None)  # a lock and a dict: no round trip
+
+    def _listening(self) -> bool:
+        return bool(self._watches) and all(w.listening for _, w, _ in self._watches.values())
+
+    async def _run(self) -> None:
+        delay = FIRST_DELAY
+        while self._steps or self._sagas:
+            self._poked.clear()  # before the read: a change committed after it pokes again
+            steps, sagas = list(self._steps), list(self._sagas)
+            try:
+                done_steps, done_sagas = await offload(self.rt.journal.settled, steps, sagas)
+            except Exception as exc:  # the database away: the waits keep waiting, and retry
+                _log.warning("aresult_read_failed",
+                             error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                done_steps, done_sagas = set(), set()
+            for key in done_steps:
+                for fut in self._steps.get(key, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+            for saga_id in done_sagas:
+                for fut in self._sagas.get(saga_id, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+            pause = SAFETY_POLL if self._listening() else delay
+            try:
+                await asyncio.wait_for(self._poked.wait(), pause)
+            except TimeoutError:
+                delay = min(delay * 1.5, MAX_DELAY)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Hub]] = (
+    weakref.WeakKeyDictionary())
+
+
+async def hub_of(rt: Runtime) -> Hub:
+    """The running loop's hub for this runtime's journal (made off the loop: the first
+    use of a journal connects and checks its schema)."""
+    if rt.journal_made is False:
+        await offload(lambda: rt.journal)
+    loop = asyncio.get_running_loop()
+    per_loop = _hubs.setdefault(loop, {})
+    hub = per_loop.get(id(rt))
+    if hub is None or hub.rt is not rt:
+        hub = per_loop[id(rt)] = Hub(rt, loop)
+    return hub
+
+
+async def wait_for(awaitable: Any, timeout: float | None, what: str) -> None:
+    """``awaitable`` within ``timeout`` seconds, else the synchronous calls' TimeoutError."""
+    try:
+        async with asyncio.timeout(timeout):
+            await awaitable
+    except TimeoutError:
+        raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was "
+                           "changed") from None
