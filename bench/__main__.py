@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import psycopg
 
-from bench import suites
+from bench import aio, suites
 
 BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/12"}
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                     results["compensation"] = suites.compensation(b, (1, 10, 100), a.rounds)
                     log("fan-out")
                     results["fan_out"] = suites.fan_out(b, 100, a.rounds)
+                    log("asyncio: loop stalls and waits")
+                    results["asyncio"] = aio.run(b, a.rounds)
             finally:
                 b.close()
         sizes = tuple(int(x) for x in a.big.split(",") if x)

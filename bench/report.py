@@ -102,6 +102,11 @@ def render(r: dict[str, Any]) -> str:
                            for n in ("enqueue_many", "one_by_one")]))
         out.append(f"\nenqueue speed-up {_f(fo['enqueue_speedup'], 2)}x, end to end "
                    f"{_f(fo['end_to_end_speedup'], 2)}x")
+    if r.get("asyncio"):
+        from bench.aio import render as render_aio
+
+        out.append("\n### asyncio\n")
+        out.append(render_aio(r["asyncio"]))
     targets = target_rows(r)
     if targets:
         out.append("\n### Targets (ratios within this run)\n")

@@ -102,8 +102,8 @@ class Bench:
                             chan.queue_delete(q)
             except Exception:  # cleanup only
                 pass
-            if system.sw is not None and system.sw._engine is not None:
-                system.sw._engine.dispose()
+            if system.sw is not None and system.sw.rt.journal_made:
+                system.sw.journal.engine.dispose()
 
 
 class Stalled(TimeoutError):

@@ -42,7 +42,7 @@ _T = TypeVar("_T")
 _log = get_logger()
 
 #: the most threads the awaitable calls' blocking parts use at once, per process
-POOL_SIZE = 8
+POOL_SIZE = 4
 
 
 class Offload:

@@ -165,3 +165,20 @@ def test_enqueue_call_journals_one_step_per_call_id(notify_url: str) -> None:  #
     rec = sw.inspect(saga.saga_id)
     assert [(e.seq, e.call_id) for e in rec.entries] == [(1, "call_1"), (2, "call_2")]
     sw.journal.engine.dispose()
+
+
+def test_astart_runs_a_flow_and_aresult_awaits_it(cluster: Cluster) -> None:
+    """astart journals the flow and returns at once; the workers carry it; aresult gives
+    its value."""
+    from tests.apps.cluster import three_steps
+
+    key = uid("afl")
+
+    async def main() -> Any:
+        saga = await cluster.sw.astart(key, three_steps, key)
+        return await saga.aresult(timeout=T)
+
+    res = asyncio.run(main())
+    assert res.status is SagaStatus.COMPLETED
+    assert res.value == {"a": "a-done", "b": "b-done", "c": "c-done"}
+    assert kinds(cluster, key) == [("effect", "a"), ("effect", "b"), ("effect", "c")]

@@ -1,0 +1,104 @@
+"""The asyncio twins on the embedded SQLite journal: no notifications there, so the
+loop's hub reads, on the synchronous calls' backoff, once for all its waits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from sagaworker import Sagaworker, ToolFailed
+from sagaworker._journal.schema import entries
+from sagaworker._producer import aio
+from tests.conftest import uid
+
+
+def unpublished(sw: Sagaworker) -> Any:
+    @sw.tool()
+    def thing(x: int) -> int:
+        return x
+
+    sw.rt.bus.publish_step = lambda *a, **k: True  # type: ignore[method-assign]
+    return thing
+
+
+def settle(sw: Sagaworker, saga_id: str, phase: str, **values: Any) -> None:
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.saga_id == saga_id)
+                     .values(phase=phase, **values))
+
+
+def test_aresult_on_sqlite_reads_once_for_every_wait(sqlite_sw: Sagaworker) -> None:
+    """Twenty waits on twenty sagas: each poll of the hub is one ``settled`` read for all
+    of them (not one per wait), and each wait returns its own step's value."""
+    thing = unpublished(sqlite_sw)
+    sagas = [sqlite_sw.begin(uid("q")) for _ in range(20)]
+    steps = [s.enqueue(thing, i) for i, s in enumerate(sagas)]
+    reads: list[int] = []
+    real = sqlite_sw.journal.settled
+
+    def counted(st: Any, sg: Any) -> Any:
+        reads.append(len(st))
+        return real(st, sg)
+
+    sqlite_sw.journal.settled = counted  # type: ignore[method-assign]
+
+    async def main() -> list[Any]:
+        waits = asyncio.gather(*(s.aresult(timeout=30) for s in steps))
+        while not reads or reads[-1] < len(steps):  # every wait is in the hub
+            await asyncio.sleep(0.01)
+        for i, s in enumerate(sagas):
+            await asyncio.to_thread(settle, sqlite_sw, s.saga_id, "EXECUTED", result=i * 2)
+        return list(await waits)
+
+    assert asyncio.run(main()) == [i * 2 for i in range(20)]
+    assert max(reads) == 20  # one read held all twenty
+
+
+def test_a_cancelled_wait_leaves_nothing_behind(sqlite_sw: Sagaworker) -> None:
+    """A wait cancelled (a timeout, a client gone) is dropped from the hub, which then
+    stops reading; a FAILED step's aresult raises ToolFailed as result() does."""
+    thing = unpublished(sqlite_sw)
+    saga = sqlite_sw.begin(uid("c"))
+    step = saga.enqueue(thing, 1)
+
+    async def main() -> aio.Hub:
+        with pytest.raises(TimeoutError, match=r"did not finish within 0\.05 s"):
+            await step.aresult(timeout=0.05)
+        hub = await aio.hub_of(sqlite_sw.rt)
+        assert (hub._steps, hub._sagas, hub._watches) == ({}, {}, {})
+        await asyncio.to_thread(settle, sqlite_sw, saga.saga_id, "FAILED", error="Boom: no")
+        with pytest.raises(ToolFailed, match="failed: Boom: no"):
+            await step.aresult(timeout=5)
+        return hub
+
+    hub = asyncio.run(main())
+    assert hub._task is None or hub._task.done()
+
+
+def test_the_blocking_parts_run_on_sagaworkers_own_pool(sqlite_sw: Sagaworker) -> None:
+    """abegin and aenqueue run their journal writes off the loop, on the sagaworker-aio
+    threads (not the loop's default executor), with the caller's context variables."""
+    import contextvars
+
+    thing = unpublished(sqlite_sw)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen: list[tuple[str, str]] = []
+    real = sqlite_sw.journal.create_saga
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append((threading.current_thread().name, var.get("-")))
+        return real(*a, **k)
+
+    sqlite_sw.journal.create_saga = spy  # type: ignore[method-assign]
+
+    async def main() -> int:
+        var.set("req-7")
+        saga = await sqlite_sw.abegin(uid("p"))
+        return (await saga.aenqueue(thing, 3)).seq
+
+    assert asyncio.run(main()) == 1
+    assert len(seen) == 1 and seen[0][0].startswith("sagaworker-aio") and seen[0][1] == "req-7"
