@@ -1,4 +1,5 @@
-"""``async def`` tools and undos run to completion on the worker.
+"""Between threads and event loops: ``async def`` tools and undos run to completion on
+the worker, and the awaitable calls' blocking parts run on a pool of sagaworker's own.
 
 A worker's pool slot (a prefork child, a thread) keeps one event loop of its own
 (:class:`asyncio.Runner`), so an async client cached by the tool's module (an
@@ -13,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import os
 import threading
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-__all__ = ["settle"]
+__all__ = ["POOL_SIZE", "Offload", "offload", "settle"]
+
+_R = TypeVar("_R")
 
 _local = threading.local()
 
@@ -47,3 +52,36 @@ def settle(value: Any) -> Any:
 
 async def _wrap(value: Awaitable[Any]) -> Any:
     return await value
+
+
+#: the most threads the awaitable calls' blocking parts use at once, per process
+POOL_SIZE = 4
+
+
+class Offload:
+    """The process's pool for the blocking part of an awaitable call (re-made after a fork)."""
+
+    def __init__(self, size: int = POOL_SIZE) -> None:
+        self.size = size
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():
+            with self._lock:
+                if self._pool is None or self._pid != os.getpid():
+                    self._pool = ThreadPoolExecutor(self.size,
+                                                    thread_name_prefix="sagaworker-aio")
+                    self._pid = os.getpid()
+        return self._pool
+
+    async def __call__(self, fn: Callable[..., _R], /, *args: Any, **kwargs: Any) -> _R:
+        loop = asyncio.get_running_loop()
+        ctx = contextvars.copy_context()
+        return await loop.run_in_executor(self.pool(),
+                                          functools.partial(ctx.run, fn, *args, **kwargs))
+
+
+#: the one pool of this process
+offload = Offload()

@@ -22,12 +22,12 @@ from .._base.types import (
     SagaStatus,
 )
 from .._broker.messages import CeleryBus
+from .._journal.app_tx import AppTx, split_connection
 from .._journal.machine import Machine
 from .._journal.repository import Journal
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
 from .._observe.logging import ensure_structlog, get_logger
-from .._producer.aio import offload
 from .._producer.approvals import Gate
 from .._producer.producer import Producer
 from .._producer.saga import Saga, SyncSaga, run_sync
@@ -35,6 +35,7 @@ from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
 from .._worker.execution import Executor, ToolTask
 from .._worker.flows import Flows
+from .aio_api import AsyncTwins
 from .celery import CeleryWiring
 
 __all__ = ["Sagaworker"]
@@ -43,7 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 log = get_logger()
 
 
-class Sagaworker:
+class Sagaworker(AsyncTwins):
     """Journaled, compensable tool tasks on a Celery app."""
 
     def __init__(self, app: Celery, *, database_url: str | None = None,
@@ -181,19 +182,16 @@ class Sagaworker:
     def start(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,
               metadata: dict[str, Any] | None = None, deadline: float | None = None,
               **kwargs: Any) -> Saga:
-        """Journal a flow saga and hand it to the workers; returns at once."""
+        """Journal a flow saga and hand it to the workers; returns at once.
+        ``connection=`` (a SQLAlchemy Connection or Session on the journal's database):
+        journaled in the caller's transaction, handed over once it commits."""
+        connection = split_connection(kwargs)
         self.ensure_valid()
         _check_id(saga_id)
         self._check_metadata(metadata)
-        self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline))
+        tx = None if connection is None else AppTx(self.journal.engine, connection)
+        self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline), tx)
         return Saga(self.rt, self.producer, saga_id)
-
-    async def astart(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,
-                     metadata: dict[str, Any] | None = None, deadline: float | None = None,
-                     **kwargs: Any) -> Saga:
-        """``start``, awaitable (the journal write off the event loop)."""
-        return await offload(lambda: self.start(saga_id, flow, *args, metadata=metadata,
-                                                deadline=deadline, **kwargs))
 
     def _check_metadata(self, metadata: dict[str, Any] | None) -> None:
         check_size(check_json(metadata or {}, "saga metadata"), "the saga's metadata",
@@ -217,22 +215,17 @@ class Sagaworker:
     # -- running ---------------------------------------------------------------------
 
     def begin(self, saga_id: str, *, metadata: dict[str, Any] | None = None,
-              deadline: float | None = None) -> Saga:
-        """Journal a new RUNNING saga; SagaExists if the id is taken."""
+              deadline: float | None = None, connection: Any = None) -> Saga:
+        """Journal a new RUNNING saga; SagaExists if the id is taken. ``connection=`` (a
+        SQLAlchemy Connection or Session on the journal's database): in the caller's
+        transaction (the saga exists once it commits, and not if it rolls back)."""
         self.ensure_valid()
         _check_id(saga_id)
         self._check_metadata(metadata)
-        self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline))
+        tx = None if connection is None else AppTx(self.journal.engine, connection)
+        self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline),
+                                 tx=tx)
         return Saga(self.rt, self.producer, saga_id)
-
-    async def abegin(self, saga_id: str, *, metadata: dict[str, Any] | None = None,
-                     deadline: float | None = None) -> Saga:
-        """``begin``, awaitable (the journal write off the event loop)."""
-        return await offload(self.begin, saga_id, metadata=metadata, deadline=deadline)
-
-    async def aget(self, saga_id: str) -> Saga:
-        """``get``, awaitable."""
-        return await offload(self.get, saga_id)
 
     def get(self, saga_id: str) -> Saga:
         """The handle on an existing saga (in another process, say); SagaNotFound if none."""
@@ -247,10 +240,6 @@ class Sagaworker:
 
     def inspect(self, saga_id: str) -> SagaRecord:
         return self.journal.inspect(saga_id)
-
-    async def ainspect(self, saga_id: str) -> SagaRecord:
-        """``inspect``, awaitable."""
-        return await offload(self.inspect, saga_id)
 
     def sagas(self, status: SagaStatus | str | None = None, limit: int = 100) -> list[SagaRecord]:
         return self.journal.list_sagas(status, limit)
@@ -275,18 +264,6 @@ class Sagaworker:
 
     def reject(self, token: str, *, approver: str, reason: str) -> None:
         self.gate.decide(token, approver=approver, approve=False, reason=reason)
-
-    async def aapprove(self, token: str, *, approver: str) -> None:
-        """``approve``, awaitable."""
-        await offload(self.approve, token, approver=approver)
-
-    async def areject(self, token: str, *, approver: str, reason: str) -> None:
-        """``reject``, awaitable."""
-        await offload(self.reject, token, approver=approver, reason=reason)
-
-    async def apending_approvals(self) -> list[ApprovalRequest]:
-        """``pending_approvals``, awaitable."""
-        return await offload(self.pending_approvals)
 
     # -- compensation ----------------------------------------------------------------
 

@@ -31,16 +31,16 @@ from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
 from .._base.types import (
     OPEN_VALUES,
     Phase,
-    SagaRecord,
     SagaStatus,
 )
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
-from .callers import CallerMoves, NewEntry
+from .app_tx import AppTx
 from .dialect import db_later, db_now, is_busy, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
-from .rows import idempotency_key, to_saga_record
+from .reads import JournalReads, NewEntry
+from .rows import idempotency_key
 from .schema import audit, entries, sagas
 
 __all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
@@ -86,7 +86,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-class Journal(CallerMoves):
+class Journal(JournalReads):
     """Repository over the sagaworker tables."""
 
     def __init__(self, engine: Engine) -> None:
@@ -196,11 +196,11 @@ class Journal(CallerMoves):
     def create_saga(self, saga_id: str, meta: dict[str, Any], *,
                     deadline: float | None = None, flow: str | None = None,
                     flow_args: list[Any] | None = None,
-                    flow_kwargs: dict[str, Any] | None = None) -> None:
+                    flow_kwargs: dict[str, Any] | None = None, tx: AppTx | None = None) -> None:
         # every stamp is the database's clock (a deadline too: a producer whose clock is
         # behind would otherwise give its saga more time, or less)
         try:
-            self.write(lambda conn: conn.execute(insert(sagas).values(
+            (tx.run if tx else self.write)(lambda conn: conn.execute(insert(sagas).values(
                 saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
                 created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
                 deadline_at=None if deadline is None else db_later(deadline),
@@ -214,15 +214,17 @@ class Journal(CallerMoves):
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
     def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
-                    expect_seq: int | None = None, seen: int | None = None) -> list[int]:
-        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction; returns seqs.
+                    expect_seq: int | None = None, seen: int | None = None,
+                    tx: AppTx | None = None) -> list[int]:
+        """Journal INTENT (or AWAITING_APPROVAL) rows in one transaction (``tx``: the
+        caller's); returns seqs.
 
         ``expect_seq``: journal them only if the saga's last seq is still that one (a
         flow's replay saw that much of the journal), else nothing (another replay did);
         ``seen``: how many steps had an outcome in what that replay read.
         """
         gated = any(e.gated for e in new)
-        if (len(new) == 1 and expect_seq is None and new[0].call_id is None
+        if (len(new) == 1 and expect_seq is None and new[0].call_id is None and tx is None
                 and _pgfast.enabled(self.engine)):
             return [self._intent_fast(saga_id, new[0])]
 
@@ -257,7 +259,7 @@ class Journal(CallerMoves):
                              .values(approval_requested_at=entries.c.created_at))
             return [first + i for i in range(len(new))]
 
-        return self.write(body)
+        return (tx.run if tx else self.write)(body)
 
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
@@ -290,21 +292,6 @@ class Journal(CallerMoves):
                 _refuse_enqueue(conn, saga_id)
         return seq
 
-    # -- reads -------------------------------------------------------------------
-
-    def saga_row(self, saga_id: str) -> Any:
-        with self.reader.connect() as conn:
-            return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
-
-    def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
-        """One read: the saga row and its entries in seq order."""
-        with self.reader.connect() as conn:
-            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
-            if saga is None:
-                return None, []
-            return saga, list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
-                                           .order_by(entries.c.seq)).all())
-
     def mark_advanced(self, saga_id: str, seen: int) -> None:
         """A flow was replayed against a journal in which ``seen`` steps had an outcome:
         the sweeper re-sends the advance while more have one. A compare-and-set: a replay
@@ -314,47 +301,6 @@ class Journal(CallerMoves):
                 sagas.c.saga_id == saga_id,
                 or_(sagas.c.advanced_seen.is_(None), sagas.c.advanced_seen < seen))
                 .values(advanced_at=db_now(), advanced_seen=seen, resends=0, resend_at=None))
-
-    def entry_row(self, saga_id: str, seq: int) -> Any:
-        with self.reader.connect() as conn:
-            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
-                                                      entries.c.seq == seq)).first()
-
-    def inspect(self, saga_id: str) -> SagaRecord:
-        with self.reader.connect() as conn:
-            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
-            if saga is None:
-                raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
-                                   "(sw.sagas() lists recent ones)")
-            rows = conn.execute(select(entries).where(entries.c.saga_id == saga_id)
-                                .order_by(entries.c.seq)).all()
-        return to_saga_record(saga, rows)
-
-    def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
-        with self.reader.connect() as conn:
-            q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
-            if status is not None:
-                q = q.where(sagas.c.status == SagaStatus(status).value)
-            rows = conn.execute(q.limit(limit)).all()
-            ids = [r.saga_id for r in rows]
-            ents = conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
-                                .order_by(entries.c.saga_id, entries.c.seq)).all() if ids else []
-        by: dict[str, list[Any]] = {}
-        for e in ents:
-            by.setdefault(e.saga_id, []).append(e)
-        return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
-
-    def orphans(self, older_than: float) -> list[Any]:
-        cutoff = db_later(-older_than)
-        with self.reader.connect() as conn:
-            return list(conn.execute(
-                select(entries).where(entries.c.phase == Phase.INTENT.value,
-                                      entries.c.created_at < cutoff)
-                .order_by(entries.c.created_at)).all())
-
-    def stale(self, query: Any) -> list[Any]:
-        with self.reader.connect() as conn:
-            return list(conn.execute(query).all())
 
 
 def _entry_values(saga_id: str, seq: Any, e: NewEntry) -> dict[str, Any]:

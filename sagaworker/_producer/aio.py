@@ -22,16 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
-import os
-import threading
 import weakref
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from .._base.awaiting import POOL_SIZE, Offload, offload
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
@@ -40,39 +35,6 @@ __all__ = ["POOL_SIZE", "Hub", "Offload", "hub_of", "offload", "wait_for"]
 
 _T = TypeVar("_T")
 _log = get_logger()
-
-#: the most threads the awaitable calls' blocking parts use at once, per process
-POOL_SIZE = 4
-
-
-class Offload:
-    """The process's pool for the blocking part of an awaitable call (re-made after a fork)."""
-
-    def __init__(self, size: int = POOL_SIZE) -> None:
-        self.size = size
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    def pool(self) -> ThreadPoolExecutor:
-        if self._pool is None or self._pid != os.getpid():
-            with self._lock:
-                if self._pool is None or self._pid != os.getpid():
-                    self._pool = ThreadPoolExecutor(self.size,
-                                                    thread_name_prefix="sagaworker-aio")
-                    self._pid = os.getpid()
-        return self._pool
-
-    async def __call__(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
-        loop = asyncio.get_running_loop()
-        ctx = contextvars.copy_context()
-        return await loop.run_in_executor(self.pool(),
-                                          functools.partial(ctx.run, fn, *args, **kwargs))
-
-
-#: the one pool of this process
-offload = Offload()
-
 
 class _LoopWake(Wake):
     """A notification for a waited saga pokes the loop's hub (from the listener thread)."""

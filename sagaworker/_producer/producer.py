@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from .._base.canonical import args_digest, bad_argument, canonical_args, check_s
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE
+from .._journal.app_tx import AppTx
 from .._journal.repository import NewEntry
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
@@ -65,17 +67,23 @@ class Producer:
                         approval_nonce=secrets.token_hex(16) if spec.gated else None)
 
     def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
-                *, expect_seq: int | None = None,
-                seen: int | None = None) -> list[tuple[int, NewEntry]]:
-        """Journal the steps (one transaction), then publish the ungated ones."""
+                *, expect_seq: int | None = None, seen: int | None = None,
+                tx: AppTx | None = None) -> list[tuple[int, NewEntry]]:
+        """Journal the steps (one transaction: ``tx``, the caller's, if given), then
+        publish the ungated ones (once ``tx`` committed)."""
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
-        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen)
+        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen,
+                                           tx=tx)
         if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
             return []
         for e, seq in zip(new, seqs, strict=True):
-            self._announce(saga_id, seq, e)
+            if tx is None:
+                self._announce(saga_id, seq, e)
+            else:
+                tx.after_commit(functools.partial(self._announce, saga_id, seq, e),
+                                saga_id=saga_id, task_ids=[e.task_id])
         return list(zip(seqs, new, strict=True))
 
     def enqueue_call(self, saga_id: str, call_id: str, tool: Any, args: Sequence[Any],

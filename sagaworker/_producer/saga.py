@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-from .._base.errors import ApprovalRejected, SagaNotFound, SagaworkerError, ToolFailed
+from .._base.errors import (
+    ApprovalRejected,
+    ConfigurationError,
+    SagaNotFound,
+    SagaworkerError,
+    ToolFailed,
+)
 from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
+from .._journal.app_tx import AppTx, is_async_app_connection, split_connection
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
 from .._observe.redact import exception_text, secret_values
 from . import aio
 from .producer import Producer
+
+_R = TypeVar("_R")
 
 __all__ = ["Saga", "Step", "SyncSaga", "poll", "saga_secrets"]
 
@@ -112,16 +121,26 @@ class Saga:
     def status(self) -> SagaStatus:
         return self.rt.journal.inspect(self.saga_id).status
 
-    def _steps(self, calls: list[tuple[Any, Any, dict[str, Any]]]) -> list[Step]:
+    def _steps(self, calls: list[tuple[Any, Any, dict[str, Any]]],
+               connection: Any = None) -> list[Step]:
+        tx = None if connection is None else AppTx(self.rt.journal.engine, connection)
         return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
-                for seq, e in self.producer.enqueue(self.saga_id, calls)]
+                for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx)]
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
-        """Journal INTENT, commit, then publish the tool task."""
-        return self._steps([(tool, args, kwargs)])[0]
+        """Journal INTENT, commit, then publish the tool task. ``connection=`` (a
+        SQLAlchemy Connection or Session on the journal's database): INTENT in the
+        caller's transaction, published once it commits."""
+        connection = split_connection(kwargs)
+        return self._steps([(tool, args, kwargs)], connection)[0]
 
     async def aenqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
-        """``enqueue``, awaitable (the journal write and the publish off the loop)."""
+        """``enqueue``, awaitable (the journal write and the publish off the loop);
+        ``connection=`` an AsyncConnection or AsyncSession."""
+        connection = split_connection(kwargs)
+        if connection is not None:
+            return (await in_app_tx(self.rt, connection,
+                                    lambda c: self._steps([(tool, args, kwargs)], c)))[0]
         return (await aio.offload(self._steps, [(tool, args, kwargs)]))[0]
 
     def enqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
@@ -141,10 +160,11 @@ class Saga:
                                  dict(kwargs or {}))
 
     def enqueue_many(
-        self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]]
+        self, calls: Iterable[tuple[Any, Iterable[Any], dict[str, Any]]], *,
+        connection: Any = None,
     ) -> list[Step]:
         """Journal many independent steps in one transaction, then publish them all."""
-        return self._steps([(t, tuple(a), dict(k)) for t, a, k in calls])
+        return self._steps([(t, tuple(a), dict(k)) for t, a, k in calls], connection)
 
     def complete(self) -> None:
         """RUNNING -> COMPLETED; refused while a step is unfinished, FAILED or gated."""
@@ -210,6 +230,18 @@ class SyncSaga:
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
         return self.saga.enqueue(tool, *args, **kwargs)
+
+
+async def in_app_tx(rt: Runtime, connection: Any, call: Callable[[Any], _R]) -> _R:
+    """``call`` with the sync side of the app's AsyncConnection/AsyncSession (SQLAlchemy's
+    ``run_sync``: its statements go through the async driver, the loop never blocks)."""
+    if not is_async_app_connection(connection):
+        raise ConfigurationError(
+            f"connection={connection!r}: the async calls take an AsyncConnection or "
+            "AsyncSession (a Connection or Session goes to the sync calls)")
+    if not rt.journal_made:
+        await aio.offload(lambda: rt.journal)  # its first use connects: not on the loop
+    return await connection.run_sync(call)  # type: ignore[no-any-return]
 
 
 def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> SagaResult:

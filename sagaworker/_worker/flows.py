@@ -32,6 +32,7 @@ from .._base.errors import (
     ToolFailed,
 )
 from .._base.types import OPEN, Phase, SagaStatus
+from .._journal.app_tx import AppTx
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call, scrub_text, secret_values
@@ -248,7 +249,8 @@ class Flows:
                     "module level in a module every worker imports") from exc
 
     def start(self, saga_id: str, flow: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              metadata: dict[str, Any] | None, deadline: float | None) -> None:
+              metadata: dict[str, Any] | None, deadline: float | None,
+              tx: AppTx | None = None) -> None:
         spec = self.spec_of(flow)
         sig = inspect.signature(spec.fn)
         try:
@@ -263,8 +265,11 @@ class Flows:
                    self.rt.settings.max_args_bytes)
         self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
                                     flow=spec.name, flow_args=list(args),
-                                    flow_kwargs=dict(kwargs))
-        self.rt.bus.send_advance(saga_id)
+                                    flow_kwargs=dict(kwargs), tx=tx)
+        if tx is None:
+            self.rt.bus.send_advance(saga_id)
+        else:  # once the caller's transaction committed (else the sweeper advances it)
+            tx.after_commit(lambda: self.rt.bus.send_advance(saga_id), saga_id=saga_id)
 
     # -- the replay -----------------------------------------------------------------------
 

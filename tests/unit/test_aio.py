@@ -102,3 +102,35 @@ def test_the_blocking_parts_run_on_sagaworkers_own_pool(sqlite_sw: Sagaworker) -
 
     assert asyncio.run(main()) == 1
     assert len(seen) == 1 and seen[0][0].startswith("sagaworker-aio") and seen[0][1] == "req-7"
+
+
+def test_an_app_session_writes_sealed_values(tmp_path: Any) -> None:
+    """With encryption on, the rows written through the app's own engine (another engine
+    on the journal's database) are sealed as the journal's own writes are."""
+    from celery import Celery
+    from cryptography.fernet import Fernet
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    from sagaworker import Settings
+    from sagaworker._base.crypto import is_sealed
+    from tests.conftest import UNIT_SECRET
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    sw = Sagaworker(Celery("enc", broker="memory://"), settings=Settings(
+        database_url=url, broker_url="memory://", approval_secret=UNIT_SECRET,
+        broker_folder=str(tmp_path / "b"), encryption_keys=Fernet.generate_key().decode()))
+    thing = unpublished(sw)
+    app = create_engine(url)
+    with Session(app) as s:
+        sw.begin("enc-1", connection=s, metadata={"card": "4242"}).enqueue(thing, 42,
+                                                                          connection=s)
+        s.commit()
+    with app.connect() as c:
+        meta = c.execute(text("SELECT metadata FROM sagaworker_sagas")).scalar_one()
+        args = c.execute(text("SELECT args FROM sagaworker_entries")).scalar_one()
+    import json
+
+    assert is_sealed(json.loads(args)) and "4242" not in meta
+    assert sw.inspect("enc-1").entries[0].args == [42]
+    app.dispose()

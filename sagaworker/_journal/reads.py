@@ -1,0 +1,150 @@
+"""The journal's reads (a saga, its entries, lists for the dashboard and the sweeper, the
+one read behind every waiting ``aresult``), and a step journaled once per caller's call id
+(an agent's tool call)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from .._base.errors import SagaNotFound
+from .._base.types import TERMINAL, Phase, SagaRecord, SagaStatus
+from .dialect import db_later
+from .rows import to_saga_record
+from .schema import entries, sagas
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+__all__ = ["JournalReads", "NewEntry"]
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    tool_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    args_digest: str
+    queue: str | None
+    task_id: str
+    gated: bool
+    approval_nonce: str | None = None
+    call_id: str | None = None  # the caller's id for it (an agent's tool-call id)
+
+
+class JournalReads:
+    """Part of ``Journal``: its reads, and the write an outside caller's call id needs."""
+
+    reader: Engine
+
+    def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
+                    expect_seq: int | None = None, seen: int | None = None) -> list[int]:
+        raise NotImplementedError
+
+    def add_call(self, saga_id: str, e: NewEntry) -> tuple[Any, bool]:
+        """Journal ``e`` unless the saga holds a step with its ``call_id`` already:
+        ``(row, False)`` for that step, else ``(seq, True)``. Two callers racing with one
+        id: the unique index lets one insert, the other reads its step."""
+        assert e.call_id is not None
+        found = self.call_row(saga_id, e.call_id)
+        if found is not None:
+            return found, False
+        try:
+            return self.add_entries(saga_id, [e])[0], True
+        except IntegrityError:
+            found = self.call_row(saga_id, e.call_id)
+            if found is None:
+                raise
+            return found, False
+
+    def saga_row(self, saga_id: str) -> Any:
+        with self.reader.connect() as conn:
+            return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+
+    def saga_and_entries(self, saga_id: str) -> tuple[Any, list[Any]]:
+        """One read: the saga row and its entries in seq order."""
+        with self.reader.connect() as conn:
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                return None, []
+            return saga, list(conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                           .order_by(entries.c.seq)).all())
+
+    def entry_row(self, saga_id: str, seq: int) -> Any:
+        with self.reader.connect() as conn:
+            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                      entries.c.seq == seq)).first()
+
+    def inspect(self, saga_id: str) -> SagaRecord:
+        with self.reader.connect() as conn:
+            saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
+            if saga is None:
+                raise SagaNotFound(f"no saga {saga_id!r} in the journal; check the id "
+                                   "(sw.sagas() lists recent ones)")
+            rows = conn.execute(select(entries).where(entries.c.saga_id == saga_id)
+                                .order_by(entries.c.seq)).all()
+        return to_saga_record(saga, rows)
+
+    def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
+        with self.reader.connect() as conn:
+            q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
+            if status is not None:
+                q = q.where(sagas.c.status == SagaStatus(status).value)
+            rows = conn.execute(q.limit(limit)).all()
+            ids = [r.saga_id for r in rows]
+            ents = conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
+                                .order_by(entries.c.saga_id, entries.c.seq)).all() if ids else []
+        by: dict[str, list[Any]] = {}
+        for e in ents:
+            by.setdefault(e.saga_id, []).append(e)
+        return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
+
+    def orphans(self, older_than: float) -> list[Any]:
+        cutoff = db_later(-older_than)
+        with self.reader.connect() as conn:
+            return list(conn.execute(
+                select(entries).where(entries.c.phase == Phase.INTENT.value,
+                                      entries.c.created_at < cutoff)
+                .order_by(entries.c.created_at)).all())
+
+    def stale(self, query: Any) -> list[Any]:
+        with self.reader.connect() as conn:
+            return list(conn.execute(query).all())
+
+
+
+    def call_row(self, saga_id: str, call_id: str) -> Any:
+        with self.reader.connect() as conn:
+            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+                                                      entries.c.call_id == call_id)).first()
+
+    def settled(self, steps: Sequence[tuple[str, int]], saga_ids: Sequence[str]
+                ) -> tuple[set[tuple[str, int]], set[str]]:
+        """Of these steps, those with an outcome; of these sagas, the terminal ones (or
+        gone): one read for every waiting ``aresult`` of a process."""
+        done_steps: set[tuple[str, int]] = set()
+        done_sagas: set[str] = set()
+        waiting = (Phase.INTENT.value, Phase.AWAITING_APPROVAL.value)
+        with self.reader.connect() as conn:
+            wanted = set(steps)
+            for chunk in _chunks(sorted({s for s, _ in steps}), 500):
+                rows = conn.execute(select(entries.c.saga_id, entries.c.seq, entries.c.phase)
+                                    .where(entries.c.saga_id.in_(chunk))).all()
+                done_steps.update((r.saga_id, r.seq) for r in rows
+                                  if (r.saga_id, r.seq) in wanted and r.phase not in waiting)
+            for chunk in _chunks(sorted(set(saga_ids)), 500):
+                found = {r.saga_id: r.status for r in conn.execute(
+                    select(sagas.c.saga_id, sagas.c.status).where(sagas.c.saga_id.in_(chunk)))}
+                done_sagas.update(s for s in chunk
+                                  if s not in found or SagaStatus(found[s]) in TERMINAL)
+        return done_steps, done_sagas
+
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
