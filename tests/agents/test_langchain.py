@@ -29,7 +29,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 from pydantic import Field
 
-from sagaworker import ApprovalRejected, Phase, SagaStatus, ToolFailed
+from sagaworker import ApprovalRejected, ConfigurationError, Phase, SagaStatus, ToolFailed
 from sagaworker.agents import langchain as sw_lc
 from sagaworker.agents._core import failed_in
 from tests.conftest import ROOT, Cluster, uid
@@ -460,3 +460,22 @@ def test_importing_without_the_framework_names_the_extra(missing: str) -> None:
                          cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=60, check=True)
     assert "pip install 'sagaworker[langchain]'" in out.stdout
     assert sw_lc.StructuredTool.__module__ == "langchain_core.tools.structured"
+
+
+@pytest.mark.services
+def test_a_gated_tool_outside_a_graph_says_how_to_run_it(cluster: Cluster) -> None:
+    """send_voucher invoked on its own (no graph to interrupt) raises ConfigurationError
+    saying to run it in a graph with a checkpointer; its gate stays closed."""
+    key = uid("lc-nograph")
+
+    async def main() -> None:
+        saga = await cluster.sw.abegin(key)
+        (send,) = adapter_tools(cluster, saga, ["send_voucher"])
+        with pytest.raises(ConfigurationError, match="compiled with a checkpointer"):
+            await send.ainvoke(dict(voucher(key).tool_calls[0]))
+        assert await entries(cluster, key) == [("send_voucher", "v1", Phase.AWAITING_APPROVAL)]
+        await saga.afail("no graph to resume")
+        assert (await saga.aresult(timeout=T)).status is SagaStatus.COMPENSATED
+
+    asyncio.run(main())
+    assert kinds(cluster, key) == []
