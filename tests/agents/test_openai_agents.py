@@ -293,10 +293,45 @@ def test_a_gate_waits_for_the_signed_approval_not_the_sdks(cluster: Cluster) -> 
     assert kinds(cluster, key) == [("effect", "book_hotel"), ("effect", "send_voucher")]
 
 
-def test_a_rejected_gate_ends_the_run_and_compensates(cluster: Cluster) -> None:
-    """sw.areject on the voucher's gate: the resumed run (even with the SDK's approval)
-    raises with ApprovalRejected, a ToolFailed, in its cause chain; nothing is sent and
-    the saga compensates the hotel."""
+def test_the_sdks_rejection_alone_is_no_decision_either(cluster: Cluster) -> None:
+    """state.reject on a gate the journal still holds open: the resumed run stops at the
+    same call again (the model never reads a rejection the journal did not make), and the
+    gate still waits for its signed decision."""
+    key = uid("oa-sdkno")
+    model = Scripted([book(key)], [voucher(key)], [say("never asked")])
+
+    async def main() -> tuple[list[str], list[Any], Any]:
+        saga = await cluster.sw.abegin(key)
+        trip = agent(cluster, saga, model)
+        first = await Runner.run(trip, "Book Oslo and mail the voucher")
+        state = first.to_state()
+        state.reject(first.interruptions[0], rejection_message="not now")
+        again = await Runner.run(trip, state)
+        journaled = await entries(cluster, key)
+        await saga.afail("the customer cancelled")
+        return interrupted(again), journaled, await saga.aresult(T)
+
+    again, journaled, res = asyncio.run(main())
+    assert again == ["v1"]
+    assert journaled == [("book_hotel", "h1", Phase.EXECUTED),
+                         ("send_voucher", "v1", Phase.AWAITING_APPROVAL)]
+    assert len(model.seen) == 2
+    assert res.status is SagaStatus.COMPENSATED
+    assert kinds(cluster, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
+
+
+#: what the app told the SDK about the voucher's call before resuming the rejected run
+SDK_DECISIONS = {"sdk-approved": lambda state, item: state.approve(item),
+                 "sdk-rejected": lambda state, item: state.reject(item),
+                 "sdk-undecided": lambda state, item: None}
+
+
+@pytest.mark.parametrize("decision", list(SDK_DECISIONS))
+def test_a_rejected_gate_ends_the_run_and_compensates(cluster: Cluster, decision: str) -> None:
+    """sw.areject on the voucher's gate: the resumed run raises with ApprovalRejected, a
+    ToolFailed, in its cause chain, whatever the SDK was told (approved, rejected: its
+    rejection text never reaches the model, or nothing); nothing is sent and the saga
+    compensates the hotel."""
     key = uid("oa-reject")
     model = Scripted([book(key)], [voucher(key)], [say("never asked")])
 
@@ -308,7 +343,7 @@ def test_a_rejected_gate_ends_the_run_and_compensates(cluster: Cluster) -> None:
         await cluster.sw.areject(await token_of(cluster, key), approver="ops@example.com",
                                  reason="wrong customer")
         state = first.to_state()
-        state.approve(first.interruptions[0])
+        SDK_DECISIONS[decision](state, first.interruptions[0])
         with pytest.raises(Exception) as raised:
             await Runner.run(trip, state)
         return raised.value, await saga.aresult(T)
