@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +37,18 @@ from openai.types.responses import (
 from sagaworker import ApprovalRejected, Phase, SagaStatus, ToolFailed
 from sagaworker.agents import openai_agents as sw_oai
 from sagaworker.agents._core import failed_in
-from tests.conftest import ROOT, Cluster, uid
+from tests.conftest import (
+    BROKERS,
+    ROOT,
+    Cluster,
+    _broker,
+    _pg,
+    need,
+    new_settings,
+    uid,
+    wait_for,
+    worker_env,
+)
 
 pytestmark = pytest.mark.services
 set_tracing_disabled(True)  # no trace exporter, no key
@@ -413,3 +428,117 @@ def test_importing_without_the_sdk_names_the_extra() -> None:
                          cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=60, check=True)
     assert "pip install 'sagaworker[openai-agents]'" in out.stdout, out
     assert sw_oai.FunctionTool.__module__ == "agents.tool"
+
+
+# -- an agent process that dies ------------------------------------------------------------
+
+#: the sweeper's SAGAWORKER_IDLE_AFTER on the crash tests' worker
+IDLE_AFTER = 2
+#: the agent: begins the saga (``deadline`` seconds, 0: none), books the hotel, then waits
+#: on its model forever; its producer is tests.apps.cluster's, built from the environment
+AGENT = """
+import asyncio, sys
+from agents import Agent, Runner
+from sagaworker.agents import openai_agents as sw_oai
+from tests.agents.test_openai_agents import Scripted, book
+from tests.apps.cluster import sw
+
+async def forever(given):
+    await asyncio.Event().wait()
+
+async def main(key, deadline):
+    saga = await sw.abegin(key, deadline=deadline or None)
+    tools = [sw.registry.tool(f"tests.apps.cluster.{n}").task
+             for n in ("book_hotel", "charge_card")]
+    model = Scripted([book(key)], forever)
+    await Runner.run(Agent(name="trip", model=model, tools=sw_oai.tools(saga, tools)), "Go")
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+@pytest.fixture(scope="module", params=sorted(BROKERS))
+def crash_db(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A worker of its own (SAGAWORKER_IDLE_AFTER short) on a database of its own: no other
+    test's sweeper sees its sagas, so the deadline pass and saga_idle are its worker's."""
+    need("PostgreSQL", _pg)
+    broker = BROKERS[request.param]
+    need(request.param, _broker(broker))
+    import psycopg
+
+    from sagaworker._journal.migrate import upgrade
+    from tests.apps.cluster import forget
+
+    name = f"sw_oai_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+    upgrade(url)
+    tmp = tmp_path_factory.mktemp(f"oai-crash-{request.param}")
+    cl = Cluster(new_settings(url, broker, tmp, idle_after=IDLE_AFTER), tmp, request.param)
+    cl.start_worker(SAGAWORKER_IDLE_AFTER=str(IDLE_AFTER))
+    yield cl
+    cl.stop_workers()
+    cl.cleanup_queues()
+    cl.sw.journal.engine.dispose()
+    forget(url)
+    with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def kill_after_the_hotel(c: Cluster, key: str, deadline: float, log: Path) -> int:
+    """Run the agent process, SIGKILL it once its hotel step is EXECUTED (awaited in the
+    journal); its return code."""
+    env = worker_env(c.settings, c.default_queue)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", AGENT, key, str(deadline)], env=env,
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def booked() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the agent exited ({proc.returncode}): "
+                                     f"{log.read_text()[-2000:]}")
+            entries = c.sw.inspect(key).entries if c.sw.journal.saga_row(key) else []
+            return [(e.call_id, e.phase) for e in entries] == [("h1", Phase.EXECUTED)]
+
+        wait_for(booked, T, "the agent's hotel step to be EXECUTED")
+        os.kill(proc.pid, signal.SIGKILL)
+        return proc.wait(T)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(T)
+
+
+def test_a_killed_agents_saga_is_compensated_at_its_deadline(crash_db: Cluster,
+                                                             tmp_path: Path) -> None:
+    """The agent process is SIGKILLed after booking the hotel, its run unfinished: the saga
+    stays RUNNING with nobody to complete or fail it, until its deadline passes: the worker
+    logs saga_deadline_passed and the saga compensates the hotel."""
+    c, key = crash_db, uid("oa-dead")
+    assert kill_after_the_hotel(c, key, 6, tmp_path / "agent.log") == -signal.SIGKILL
+    assert c.sw.inspect(key).status is SagaStatus.RUNNING  # killed before its deadline
+    res = c.sw.get(key).wait(timeout=T)
+    assert (res.status, res.error) == (SagaStatus.COMPENSATED, "deadline passed")
+    assert kinds(c, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
+    (event,) = wait_for(lambda: [e for e in c.events(key)
+                                 if e["event"] == "saga_deadline_passed"], 10, "the event")
+    assert event["level"] == "warning"
+
+
+def test_a_killed_agents_saga_without_deadline_is_reported_idle(crash_db: Cluster,
+                                                                tmp_path: Path) -> None:
+    """Without a deadline, the killed agent's saga is RUNNING with no step in flight: the
+    sweeper reports it saga_idle once SAGAWORKER_IDLE_AFTER passed; nothing is undone
+    until someone fails it (then the hotel is)."""
+    c, key = crash_db, uid("oa-idle")
+    assert kill_after_the_hotel(c, key, 0, tmp_path / "agent.log") == -signal.SIGKILL
+    (event,) = wait_for(lambda: [e for e in c.events(key) if e["event"] == "saga_idle"],
+                        IDLE_AFTER + 20, "saga_idle")
+    assert event["level"] == "error" and event["idle_s"] >= IDLE_AFTER
+    assert kinds(c, key) == [("effect", "book_hotel")]
+    saga = c.sw.get(key)
+    saga.fail("its agent died")
+    assert saga.wait(timeout=T).status is SagaStatus.COMPENSATED
+    assert kinds(c, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
