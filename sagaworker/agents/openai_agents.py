@@ -23,14 +23,19 @@ What the SDK does on its own, and what these tools do instead:
   stops with a ``ToolApprovalItem`` in ``result.interruptions``. The SDK's own decision
   (``state.approve(item)`` / ``state.reject(item)``) is not one: while the journal's gate
   waits for its signed approval, a resumed ``Runner.run(agent, state)`` forgets it and
-  stops at the same call again (a fresh interruption). Once ``sw.approve`` signed it, the
-  SDK's approval lets the call run; once ``sw.reject`` (or a failing saga) closed it, the
-  resumed run raises ``ApprovalRejected`` (a ``ToolFailed``). The SDK consults no tool
-  before it acts on a decision, so the journal is read where it lists the tools of each
-  turn (the gated tool's ``is_enabled``), and the forgetting is done on the run's own
-  approval records. A decision for every call (``always_approve``) cannot be forgotten
-  for one call: a gated call it lets through while its gate waits ends the run
-  (``GatePending``), still without running.
+  stops at the same call again (a fresh interruption; the model is not asked). A resumed
+  run goes on once both hold: the signed approval (``sw.approve``, the CLI, the
+  dashboard: the decision) and the SDK's (its go-ahead: the SDK asks no tool about a
+  call it holds at an interruption). A gate closed by ``sw.reject`` (or a failing saga)
+  ends the resumed run, whatever the SDK was told, with ``ApprovalRejected`` (a
+  ``ToolFailed``) in its cause chain. The SDK consults no tool before it acts on a
+  decision, so the journal is read where it lists the tools of each turn (the gated
+  tool's ``is_enabled``), and the forgetting is done on the run's own approval records.
+  A decision for every call (``always_approve``) cannot be forgotten for one call: a
+  gated call it lets through while its gate waits ends the run (``GatePending`` in its
+  cause chain), still without running.
+
+A tool's return value reaches the model as ``@function_tool``'s does (``str()`` of it).
 """
 
 from __future__ import annotations

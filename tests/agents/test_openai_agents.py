@@ -36,7 +36,7 @@ from openai.types.responses import (
 
 from sagaworker import ApprovalRejected, Phase, SagaStatus, ToolFailed
 from sagaworker.agents import openai_agents as sw_oai
-from sagaworker.agents._core import failed_in
+from sagaworker.agents._core import GatePending, failed_in
 from tests.conftest import (
     BROKERS,
     ROOT,
@@ -271,8 +271,9 @@ def test_the_apps_failure_error_function_reads_why_arguments_were_refused(
 def test_a_gate_waits_for_the_signed_approval_not_the_sdks(cluster: Cluster) -> None:
     """send_voucher stops the run with a needs_approval interruption and journals its
     gate. Approved by the SDK alone (state.approve), the resumed run stops at the same call
-    again: nothing sent, the gate still waits. Once sw.aapprove signed it, the resumed run
-    sends the voucher, the model reads its result, and the saga completes."""
+    again: nothing sent, the gate still waits. Once sw.aapprove signed it (the step runs),
+    a run resumed without the SDK's approval still stops there; with it, the model reads
+    the voucher's result and the saga completes."""
     key = uid("oa-gate")
     model = Scripted([book(key)], [voucher(key)], [say("voucher sent")])
 
@@ -288,8 +289,10 @@ def test_a_gate_waits_for_the_signed_approval_not_the_sdks(cluster: Cluster) -> 
         seen |= {"again": interrupted(again), "after-sdk": await entries(cluster, key),
                  "ledger-after-sdk": kinds(cluster, key), "asked": len(model.seen)}
         await cluster.sw.aapprove(await token_of(cluster, key), approver="ops@example.com")
-        state = again.to_state()
-        state.approve(again.interruptions[0])
+        still = await Runner.run(trip, again.to_state())  # the SDK was told nothing yet
+        seen["still"] = interrupted(still)
+        state = still.to_state()
+        state.approve(still.interruptions[0])
         seen["final"] = (await Runner.run(trip, state)).final_output
         await saga.acomplete()
         seen["status"] = (await saga.aresult(T)).status
@@ -301,6 +304,7 @@ def test_a_gate_waits_for_the_signed_approval_not_the_sdks(cluster: Cluster) -> 
     assert seen["first"] == ["v1"] and seen["gate"] == waiting
     assert seen["again"] == ["v1"] and seen["after-sdk"] == waiting
     assert seen["ledger-after-sdk"] == [("effect", "book_hotel")]
+    assert seen["still"] == ["v1"]
     assert seen["asked"] == 2  # the SDK's approval alone did not reach the model either
     assert told(model.seen[2])["v1"] == "voucher sent to ana@example.com"
     assert seen["final"] == "voucher sent"
@@ -333,6 +337,42 @@ def test_the_sdks_rejection_alone_is_no_decision_either(cluster: Cluster) -> Non
     assert len(model.seen) == 2
     assert res.status is SagaStatus.COMPENSATED
     assert kinds(cluster, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
+
+
+def test_always_approve_cannot_stand_in_for_the_signed_approval(cluster: Cluster) -> None:
+    """state.approve(item, always_approve=True), a decision for every call that cannot be
+    forgotten for one: the resumed run ends with GatePending in its cause chain; nothing is
+    sent and the gate still waits for its signed decision."""
+    key = uid("oa-always")
+    model = Scripted([book(key)], [voucher(key)], [say("never asked")])
+
+    async def main() -> tuple[BaseException, list[Any], Any]:
+        saga = await cluster.sw.abegin(key)
+        trip = agent(cluster, saga, model)
+        first = await Runner.run(trip, "Book Oslo and mail the voucher")
+        state = first.to_state()
+        state.approve(first.interruptions[0], always_approve=True)
+        with pytest.raises(Exception) as raised:
+            await Runner.run(trip, state)
+        journaled = await entries(cluster, key)
+        await saga.afail("the customer cancelled")
+        return raised.value, journaled, await saga.aresult(T)
+
+    exc, journaled, res = asyncio.run(main())
+    assert any(isinstance(e, GatePending) for e in chain(exc)), exc
+    assert journaled[-1] == ("send_voucher", "v1", Phase.AWAITING_APPROVAL)
+    assert len(model.seen) == 2
+    assert res.status is SagaStatus.COMPENSATED
+    assert kinds(cluster, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
+
+
+def chain(exc: BaseException | None) -> list[BaseException]:
+    """An exception and its causes (or contexts), outermost first."""
+    out: list[BaseException] = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
 
 
 #: what the app told the SDK about the voucher's call before resuming the rejected run
