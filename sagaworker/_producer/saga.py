@@ -85,11 +85,17 @@ class Step:
         return self._outcome(row)
 
     async def aresult(self, timeout: float | None = None) -> Any:
-        """``result()``, awaitable: no thread waits (``aio``)."""
-        hub = await aio.hub_of(self.rt)
-        await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout, self._what())
-        return self._outcome(await aio.offload(self.rt.journal.entry_row, self.saga_id,
-                                               self.seq))
+        """``result()``, awaitable: no thread waits (``aio``). Like ``result()`` it reads
+        the journal once before it waits (``timeout=0``: that one read)."""
+        row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
+        if row is None:
+            raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the journal "
+                               "(pruned, or another journal)")
+        if row.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL):
+            hub = await aio.hub_of(self.rt)
+            await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout, self._what())
+            row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
+        return self._outcome(row)
 
     def _outcome(self, row: Any) -> Any:
         phase = Phase(row.phase)
@@ -188,8 +194,10 @@ class Saga:
 
     async def aresult(self, timeout: float | None = None) -> SagaResult:
         """``wait(timeout)``, awaitable: the SagaResult once the saga is terminal."""
-        hub = await aio.hub_of(self.rt)
-        await aio.wait_for(hub.wait_saga(self.saga_id), timeout, f"saga {self.saga_id!r}")
+        row = await aio.offload(self.rt.journal.saga_row, self.saga_id)
+        if row is None or SagaStatus(row.status) not in TERMINAL:
+            hub = await aio.hub_of(self.rt)
+            await aio.wait_for(hub.wait_saga(self.saga_id), timeout, f"saga {self.saga_id!r}")
         return await aio.offload(self._terminal_result)
 
     def _terminal_result(self) -> SagaResult:
