@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench faults fuzz mutants clean venv web browser pythons lowest
+.PHONY: demo agent-demo test lint bench faults fuzz mutants clean venv web browser pythons lowest
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -17,6 +17,12 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/sagaworker demo
+
+# the example's trip-booking agent (tasks/agent.py, Pydantic AI) on the same embedded defaults:
+# a scripted model, offline, unless SAGAWORKER_AGENT_MODEL names a real one (e.g.
+# openai:gpt-4.1-mini, with OPENAI_API_KEY set)
+agent-demo: $(STAMP)
+	$(BIN)/sagaworker demo --agent
 
 lint: $(STAMP)
 	$(BIN)/ruff check sagaworker tasks config tests bench

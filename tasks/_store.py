@@ -45,6 +45,14 @@ charges = Table("example_charges", metadata,
 shipments = Table("example_shipments", metadata,
                   Column("id", String(40), primary_key=True), Column("order_id", String(80)),
                   Column("at", DateTime(timezone=True)))
+# the trip agent's (tasks/agent.py): hotel rooms booked, and the vouchers mailed (its outbox)
+bookings = Table("example_bookings", metadata,
+                 Column("id", String(40), primary_key=True), Column("guest", String(80)),
+                 Column("city", String(80)), Column("nights", Integer),
+                 Column("state", String(20)), Column("at", DateTime(timezone=True)))
+vouchers = Table("example_vouchers", metadata,
+                 Column("id", String(40), primary_key=True), Column("email", String(200)),
+                 Column("booking", String(40)), Column("at", DateTime(timezone=True)))
 
 _engines: dict[str, Any] = {}
 
@@ -112,5 +120,5 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-__all__ = ["TablesMissing", "charges", "create_tables", "holds", "insert", "new_id", "now",
-           "read", "select", "shipments", "update", "write"]
+__all__ = ["TablesMissing", "bookings", "charges", "create_tables", "holds", "insert", "new_id",
+           "now", "read", "select", "shipments", "update", "vouchers", "write"]

@@ -361,9 +361,15 @@ def prune(c: Ctx, older_than: str, include_dirty: bool, batch: int, as_json: boo
 @main.command()
 @click.option("--keep", is_flag=True, help="keep the demo's folder (journal, broker, "
               "worker log)")
-def demo(keep: bool) -> None:
-    """The example order saga end to end on the embedded defaults (in a checkout of the
-    repository: the example is not part of the installed library)."""
+@click.option("--agent", is_flag=True, help="the example's trip-booking LLM agent (Pydantic "
+              "AI, extra [pydantic-ai]) instead of the order saga")
+def demo(keep: bool, agent: bool) -> None:
+    """The example order saga (or trip agent) end to end on the embedded defaults (in a
+    checkout of the repository: the example is not part of the installed library)."""
+    if agent:
+        from .agent_demo import run_agent_demo
+
+        sys.exit(run_agent_demo(keep=keep))
     from .demo import run_demo
 
     sys.exit(run_demo(keep=keep))

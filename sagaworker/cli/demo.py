@@ -10,6 +10,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,10 @@ def _approver(sw: Any, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-def run_demo(*, keep: bool = False) -> int:
-    if not _example_here():
-        console.print("error: sagaworker demo runs the example application of the "
-                      "repository (tasks/, config/), which the installed library does not "
-                      "hold: run `make demo` in a checkout of sagaworker", markup=False)
-        return 2
+@contextmanager
+def _embedded(keep: bool) -> Iterator[tuple[Path, Any]]:
+    """The example on the embedded defaults, in a folder of its own: the example's module
+    (its tables created) and a worker of it, stopped (and the folder removed) after."""
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     folder = Path(tempfile.mkdtemp(prefix="sagaworker-demo-"))
@@ -85,10 +85,40 @@ def run_demo(*, keep: bool = False) -> int:
     import importlib
 
     tasks = importlib.import_module(EXAMPLE)
-    sw, place_order = tasks.sw, importlib.import_module(f"{EXAMPLE}.orders").place_order
-    sw.create_schema()  # the release step: the journal and the example's own tables
+    tasks.sw.create_schema()  # the release step: the journal and the example's own tables
     proc = start_worker(EXAMPLE, env, folder / "worker.log")
     try:
+        yield folder, tasks
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _not_here() -> int:
+    console.print("error: sagaworker demo runs the example application of the "
+                  "repository (tasks/, config/), which the installed library does not "
+                  "hold: run `make demo` in a checkout of sagaworker", markup=False)
+    return 2
+
+
+def _closing(folder: Path, keep: bool, outcome: str) -> None:
+    where = (f"worker log: {folder / 'worker.log'}" if keep else
+             "run `sagaworker demo --keep` to keep the journal and the worker log")
+    console.print(f"\nresults: {outcome}; {where}", markup=False)
+
+
+def run_demo(*, keep: bool = False) -> int:
+    if not _example_here():
+        return _not_here()
+    with _embedded(keep) as (folder, tasks):
+        import importlib
+
+        sw, place_order = tasks.sw, importlib.import_module(f"{EXAMPLE}.orders").place_order
         stop = threading.Event()
         threading.Thread(target=_approver, args=(sw, stop), daemon=True).start()
         console.rule("1. an order that completes (a flow: sw.start returns, the worker "
@@ -101,17 +131,6 @@ def run_demo(*, keep: bool = False) -> int:
                        metadata={"customer": "c-7"}).wait(timeout=60)
         render_saga(sw.inspect(bad.saga_id), Redaction.of(sw))
         stop.set()
-        good = ok.status.value == "COMPLETED" and bad.status.value == "COMPENSATED"
-        where = (f"worker log: {folder / 'worker.log'}" if keep else
-                 "run `sagaworker demo --keep` to keep the journal and the worker log")
-        console.print(f"\nresults: {ok.saga_id} {ok.status.value}, {bad.saga_id} "
-                      f"{bad.status.value}; {where}", markup=False)
-        return 0 if good else 1
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        _closing(folder, keep, f"{ok.saga_id} {ok.status.value}, {bad.saga_id} "
+                               f"{bad.status.value}")
+        return 0 if ok.status.value == "COMPLETED" and bad.status.value == "COMPENSATED" else 1
