@@ -28,7 +28,8 @@ from .._base.registry import ToolSpec
 from .._base.types import Phase
 from .._producer.saga import Saga, Step
 
-__all__ = ["AgentTool", "AgentTools", "ArgumentsRefused", "GatePending", "failed_in", "require"]
+__all__ = ["AgentTool", "AgentTools", "ArgumentsRefused", "GatePending", "SagaClosed", "failed_in",
+           "require"]
 
 
 def require(module: str, extra: str) -> Any:
@@ -53,6 +54,11 @@ class GatePending(SagaworkerError):
                          "for a signed approval (sagaworker approve, the dashboard, or "
                          "sw.approve); the framework's own approval is not enough")
         self.step = step
+
+
+class SagaClosed(ToolFailed):
+    """The saga takes no more steps (it is failing, or over): the agent run ends, as for a
+    failed step, whatever error handling the framework has."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,11 @@ class AgentTools:
             if "already journaled" in str(exc):
                 raise
             raise ArgumentsRefused(str(exc)) from None
+        except ConfigurationError:
+            raise
+        except SagaworkerError as exc:  # failing, compensated, completed, gone: the run ends
+            raise SagaClosed(f"{tool.name} was not called: {exc}",
+                             saga_id=self.saga.saga_id, tool=tool.spec.name) from exc
 
     async def call(self, tool: AgentTool, call_id: str, args: Sequence[Any],
                    kwargs: dict[str, Any], timeout: float | None = None) -> Any:
