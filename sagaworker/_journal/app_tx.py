@@ -11,7 +11,10 @@ held until that transaction commits, and dropped if it rolls back:
   event comes before it), so at ``commit`` the messages go to a confirmer thread that
   sends each once its row is visible from the journal's own connection (committed), and
   drops them if the row never shows (the COMMIT failed): a published message always has
-  its row. ``rollback`` drops them.
+  its row. ``rollback`` drops them;
+- a ``Connection`` whose transaction a framework owns (``info[ON_COMMIT]``, set by
+  ``sagaworker.contrib.django``): each message goes to that framework's own hook (Django's
+  ``transaction.on_commit``), which runs it after the COMMIT and forgets it on a rollback.
 
 A process that dies between the COMMIT and the sending leaves INTENT rows without a
 message: the outbox relay sends them (``SAGAWORKER_RELAY_AFTER``), as for any publish the
@@ -21,12 +24,13 @@ broker refused; a flow never advanced is re-advanced by the sweeper.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session
 
 from .._base.awaiting import offload
@@ -35,13 +39,18 @@ from .._base.errors import ConfigurationError
 from .._observe.logging import get_logger
 from .schema import entries, sagas
 
-__all__ = ["AppTx", "is_app_connection", "is_async_app_connection", "split_connection"]
+__all__ = ["ON_COMMIT", "AppTx", "is_app_connection", "is_async_app_connection",
+           "same_database", "split_connection"]
 
 _T = TypeVar("_T")
 _log = get_logger()
 _PENDING = "sagaworker_after_commit"
 #: how long the confirmer looks for a committed row before leaving it to the relay
 CONFIRM_FOR = 10.0
+#: in a Connection's ``info``: ``hook(send)`` runs ``send`` after the COMMIT of a
+#: transaction a framework owns (SQLAlchemy neither begins nor ends it, so its events
+#: never fire), and never if it rolls back
+ON_COMMIT = "sagaworker_on_commit"
 
 
 def is_app_connection(value: Any) -> bool:
@@ -95,6 +104,10 @@ class AppTx:
     def after_commit(self, send: Callable[[], None], *, saga_id: str,
                      task_ids: Sequence[str] = ()) -> None:
         """``send`` once the caller's transaction committed, never if it rolled back."""
+        hook = self.conn.info.get(ON_COMMIT)
+        if hook is not None:
+            hook(functools.partial(_send, send))
+            return
         target: Any = self.session if self.session is not None else self.conn
         pending: list[tuple[Callable[[], None], str, tuple[str, ...]]] | None = (
             target.info.get(_PENDING))
@@ -107,14 +120,17 @@ class AppTx:
         pending.append((send, saga_id, tuple(task_ids)))
 
 
+def same_database(a: URL, b: URL) -> bool:
+    """Whether two URLs name one database (the same file, or server and name)."""
+    if a.get_backend_name() == "sqlite" and b.get_backend_name() == "sqlite":
+        return (a.database or "") == (b.database or "")
+    return (a.get_backend_name(), a.host or "localhost", a.port or 5432, a.database) == (
+        b.get_backend_name(), b.host or "localhost", b.port or 5432, b.database)
+
+
 def _check_same_database(journal: Engine, app: Engine) -> None:
     a, b = journal.url, app.url
-    if journal.dialect.name == "sqlite" and app.dialect.name == "sqlite":
-        same = (a.database or "") == (b.database or "")
-    else:
-        same = (a.get_backend_name(), a.host or "localhost", a.port or 5432, a.database) == (
-            b.get_backend_name(), b.host or "localhost", b.port or 5432, b.database)
-    if not same:
+    if not same_database(a, b):
         raise ConfigurationError(
             f"connection= is on {b.render_as_string(hide_password=True)}, the journal on "
             f"{a.render_as_string(hide_password=True)}: the saga can share a transaction "
