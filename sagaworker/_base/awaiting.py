@@ -30,7 +30,12 @@ _local = threading.local()
 
 
 def settle(value: Any) -> Any:
-    """``value``, or what it resolves to when it is awaitable (run on this thread's loop)."""
+    """``value``, or what it resolves to when it is awaitable (run on this thread's loop).
+
+    The run ends with the coroutine: tasks it started and left running are cancelled
+    (as ``asyncio.run`` does), so none of them acts after the step's outcome or its undo;
+    so is the coroutine itself when a time limit's exception interrupted it (a signal).
+    The loop stays, with the clients bound to it."""
     if not inspect.isawaitable(value):
         return value
     runner: asyncio.Runner | None = getattr(_local, "runner", None)
@@ -40,14 +45,34 @@ def settle(value: Any) -> Any:
     coro = value if inspect.iscoroutine(value) else _wrap(value)
     try:
         return runner.run(coro, context=contextvars.copy_context())
-    except BaseException:
-        # a time limit's exception arrives from a signal, with the task still pending:
-        # the next run starts on a loop with nothing of this one left
-        if any(not t.done() for t in asyncio.all_tasks(runner.get_loop())):
-            _local.runner = None
-            with contextlib.suppress(BaseException):  # the loop is dropped either way
-                runner.close()
+    finally:
+        _cancel_leftovers(runner)
+
+
+#: how long tasks a run left behind get to unwind once cancelled
+UNWIND_FOR = 5.0
+
+
+def _cancel_leftovers(runner: asyncio.Runner) -> None:
+    loop = runner.get_loop()
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not left:
+        return
+    for t in left:
+        t.cancel()
+    try:
+        loop.run_until_complete(asyncio.wait(left, timeout=UNWIND_FOR))
+    except BaseException:  # interrupted again (a hard limit): the next run starts afresh
+        _drop(runner)
         raise
+    if any(not t.done() for t in left):  # one ignored its cancellation
+        _drop(runner)
+
+
+def _drop(runner: asyncio.Runner) -> None:
+    _local.runner = None
+    with contextlib.suppress(BaseException):  # what is left of it goes with it
+        runner.close()
 
 
 async def _wrap(value: Awaitable[Any]) -> Any:

@@ -30,6 +30,9 @@ def set_up(engine: Engine) -> None:
     with engine.begin() as conn:
         metadata.create_all(conn)
         _add_missing_columns(conn)
+        for table in metadata.sorted_tables:  # create_all skips an existing table's indexes
+            for index in table.indexes:
+                index.create(conn, checkfirst=True)
         conn.execute(text(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version_num "
                           f"VARCHAR(32) NOT NULL, CONSTRAINT {VERSION_TABLE}_pkc "
                           "PRIMARY KEY (version_num))"))

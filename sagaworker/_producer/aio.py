@@ -48,6 +48,19 @@ class _LoopWake(Wake):
             self._hub.loop.call_soon_threadsafe(self._hub.poke)
 
 
+class _Watch:
+    """One saga's registration for notifications, shared by the loop's waits on it."""
+
+    def __init__(self, cm: AbstractContextManager[Wake], wake: Wake,
+                 entered: asyncio.Future[Wake]) -> None:
+        self.cm, self.wake, self.entered, self.count = cm, wake, entered, 0
+
+    def leave(self, entered: asyncio.Future[Wake]) -> None:
+        """Undo the registration once made (a lock and a dict: no round trip)."""
+        if not entered.cancelled() and entered.exception() is None:
+            self.cm.__exit__(None, None, None)
+
+
 class Hub:
     """Every ``aresult`` waiting on one event loop for one journal."""
 
@@ -56,7 +69,7 @@ class Hub:
         self._steps: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._sagas: dict[str, set[asyncio.Future[None]]] = {}
         #: per waited saga: its notification registration, and how many wait on it
-        self._watches: dict[str, tuple[AbstractContextManager[Wake], Wake, int]] = {}
+        self._watches: dict[str, _Watch] = {}
         self._poked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -76,7 +89,9 @@ class Hub:
         fut: asyncio.Future[None] = self.loop.create_future()
         table.setdefault(key, set()).add(fut)
         try:
-            await self._watch(saga_id)
+            watch = self._watch(saga_id)
+            # a cancelled wait leaves the registration to finish, then to be undone
+            await asyncio.shield(watch.entered)
             if self._task is None or self._task.done():
                 self._task = self.loop.create_task(self._run(), name="sagaworker-aresult")
             self.poke()
@@ -89,33 +104,30 @@ class Hub:
                     del table[key]
             self._unwatch(saga_id)
 
-    async def _watch(self, saga_id: str) -> None:
-        held = self._watches.get(saga_id)
-        if held is not None:
-            self._watches[saga_id] = (held[0], held[1], held[2] + 1)
-            return
-        wake = _LoopWake(self)
-        cm = self.rt.journal.watch(saga_id, wake)
-        # entering may register the saga with one round trip: not on the loop
-        self._watches[saga_id] = (cm, wake, 1)
-        try:
-            await offload(cm.__enter__)
-        except BaseException:
-            self._watches.pop(saga_id, None)
-            raise
+    def _watch(self, saga_id: str) -> _Watch:
+        """Count one more wait on the saga; the first registers it for notifications
+        (one round trip: on the pool, not the loop)."""
+        watch = self._watches.get(saga_id)
+        if watch is None:
+            wake = _LoopWake(self)
+            cm = self.rt.journal.watch(saga_id, wake)
+            watch = self._watches[saga_id] = _Watch(
+                cm, wake, asyncio.ensure_future(offload(cm.__enter__)))
+        watch.count += 1
+        return watch
 
     def _unwatch(self, saga_id: str) -> None:
-        held = self._watches.get(saga_id)
-        if held is None:
+        watch = self._watches.get(saga_id)
+        if watch is None:
             return
-        if held[2] > 1:
-            self._watches[saga_id] = (held[0], held[1], held[2] - 1)
+        watch.count -= 1
+        if watch.count > 0:
             return
         del self._watches[saga_id]
-        held[0].__exit__(None, None, None)  # a lock and a dict: no round trip
+        watch.entered.add_done_callback(watch.leave)  # at once if entered already
 
     def _listening(self) -> bool:
-        return bool(self._watches) and all(w.listening for _, w, _ in self._watches.values())
+        return bool(self._watches) and all(w.wake.listening for w in self._watches.values())
 
     async def _run(self) -> None:
         delay = FIRST_DELAY

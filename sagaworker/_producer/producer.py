@@ -12,7 +12,7 @@ from typing import Any
 from .._base.canonical import args_digest, bad_argument, canonical_args, check_size, storable
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
-from .._base.types import ENVELOPE
+from .._base.types import ENVELOPE, Phase
 from .._journal.app_tx import AppTx
 from .._journal.repository import NewEntry
 from .._journal.runtime import Runtime
@@ -108,6 +108,12 @@ class Producer:
                 f"call id {call_id!r} already journaled step {found.seq} of saga {saga_id!r} "
                 f"({found.tool_name}) with other arguments; one call id names one call: "
                 "nothing was journaled")
+        if found.phase == Phase.INTENT.value and not found.attempts:
+            # journaled by a call whose COMMIT reply was lost (it raised before its publish),
+            # or still queued: sent again (a duplicate message is one claim that finds
+            # the step taken), so the retry does not wait for the relay
+            self.publish(saga_id, found.seq, found.tool_name, list(found.args or []),
+                         dict(found.kwargs or {}), found.task_id, found.queue)
         return found.seq, found.task_id, found.tool_name
 
     def _announce(self, saga_id: str, seq: int, e: NewEntry) -> None:

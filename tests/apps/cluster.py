@@ -52,6 +52,7 @@ ledger = Table("test_ledger", ledger_md,
                Column("at", DateTime(timezone=True), server_default=func.now()))
 _engines: dict[str, Any] = {}
 _url: list[str] = []
+_clients: list[Any] = []  # an async client a tool module caches (review tests)
 
 
 def engine(url: str | None = None) -> Any:
@@ -419,6 +420,72 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         await asyncio.sleep(0)
         record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1],
                     current=current_compensation_key())
+
+    # -- review (tests/integration/test_review_worker.py) -------------------------------
+    @sw.tool(compensable_by="undo_abg")
+    async def abg(key: str, name: str, delay: float) -> str:
+        """An async tool that leaves a background task behind (a fire-and-forget
+        notification): the task records a ``late`` effect ``delay`` seconds later."""
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            record(key, "late", name, idem=current_idempotency_key())
+
+        asyncio.get_running_loop().create_task(later())
+        record(key, "effect", name)
+        return f"{name}-done"
+
+    @sw.compensation
+    async def undo_abg(ctx: CompensationContext) -> None:
+        record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1])
+
+    @sw.tool(compensable_by="undo_step", soft_time_limit=1)
+    async def aslow(key: str, name: str, sleep: float) -> str:
+        """An async tool over its 1 s soft time limit when ``sleep`` > 1; its ``finally``
+        records a cleanup (the coroutine is unwound, not abandoned)."""
+        try:
+            await asyncio.sleep(sleep)
+            record(key, "effect", name)
+            return f"{name}-done"
+        finally:
+            record(key, "cleanup", name)
+
+    @sw.tool(compensable_by="undo_step", autoretry_for=(Boom,), max_retries=2,
+             default_retry_delay=0)
+    async def aretried(key: str, name: str, failures: int) -> str:
+        """An async tool retried by Celery: fails its first ``failures`` attempts."""
+        await asyncio.sleep(0)
+        record(key, "attempt", name)
+        if count(key, "attempt", name) <= failures:
+            raise Boom(f"{name} attempt failed")
+        record(key, "effect", name)
+        return f"{name}-done"
+
+    @sw.tool(compensable_by="undo_step")
+    async def acached(key: str, name: str, fail_in_gather: bool = False) -> int:
+        """Uses an async client the module caches (redis.asyncio, as the README's "a
+        client the module caches stays bound to a live loop"); ``fail_in_gather`` fails
+        one call of an ``asyncio.gather`` while its sibling is still running."""
+        if not _clients:
+            import redis.asyncio as aredis
+
+            _clients.append(aredis.Redis.from_url("redis://127.0.0.1:6379/15"))
+        n = int(await _clients[0].incr(f"sw-review-{key}"))
+        if fail_in_gather:
+            async def fails() -> None:
+                raise Boom(f"{name} failed on purpose")
+
+            await asyncio.gather(fails(), asyncio.sleep(2))
+        record(key, "effect", name, n=n)
+        return n
+
+    @sw.tool(compensable_by="undo_step")
+    def sync_returns_coro(key: str, name: str) -> Any:
+        """A plain function returning a coroutine: the worker awaits it."""
+        async def go() -> str:
+            await asyncio.sleep(0)
+            record(key, "effect", name, idem=current_idempotency_key())
+            return f"{name}-done"
+        return go()
 
     # the trip an agent books (tests/agents): a hotel, a card charge, a voucher mail
     @sw.tool(compensable_by="cancel_hotel")
