@@ -89,7 +89,7 @@ def test_an_async_tool_over_its_soft_time_limit_is_unwound_and_the_slot_works_af
     async def main() -> Any:
         saga = await c.sw.abegin(key)
         step = await saga.aenqueue(c.tool("aslow"), key, "slow", 5.0)
-        with pytest.raises(ToolFailed, match="SoftTimeLimitExceeded|time limit"):
+        with pytest.raises(ToolFailed, match=r"SoftTimeLimitExceeded|time limit"):
             await step.aresult(T)
         res = await saga.aresult(T)
         s2 = await c.sw.abegin(uid("tl2"))
@@ -139,21 +139,18 @@ def test_async_tools_on_a_threads_pool(pg_url: str,
     for c in _one(pg_url, tmp_path_factory.mktemp("threads"), "threads", 4):
         key = uid("th")
 
-        async def main() -> Any:
+        async def main(c: Cluster = c, key: str = key) -> Any:
             saga = await c.sw.abegin(key)
             steps = [await saga.aenqueue(c.tool("astep"), key, f"n{i}", pause=0.3)
                      for i in range(4)]
-            t0 = time.monotonic()
             values = await asyncio.gather(*(s.aresult(T) for s in steps))
-            took = time.monotonic() - t0
             await saga.acomplete()
-            return values, took
+            return values
 
-        values, took = asyncio.run(main())
-        assert sorted(v["name"] for v in values) == ["n0", "n1", "n2", "n3"]
+        values = asyncio.run(main())
+        assert [v["name"] for v in values] == ["n0", "n1", "n2", "n3"]
         assert [v["key"] for v in values] == [idempotency_key(key, i + 1, "execute")
                                               for i in range(4)]
-        assert took < 5
 
 
 def test_a_failing_async_tool_does_not_kill_the_slots_cached_clients(one_slot: Cluster

@@ -70,7 +70,7 @@ def test_racing_callers_with_one_call_id_journal_one_step(sw: Sagaworker) -> Non
         try:
             gate.wait()
             got.append(saga.enqueue_call("call_r", _tool(sw, "plain"), [5]).seq)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=call) for _ in range(8)]
