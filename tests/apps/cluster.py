@@ -421,7 +421,7 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record_once(ctx.idempotency_key, ctx.args[0], "undo", ctx.args[1],
                     current=current_compensation_key())
 
-    # -- review (tests/integration/test_review_worker.py) -------------------------------
+    # -- async tools at their edges (tests/integration/test_async_tools.py) -------------
     @sw.tool(compensable_by="undo_abg")
     async def abg(key: str, name: str, delay: float) -> str:
         """An async tool that leaves a background task behind (a fire-and-forget
