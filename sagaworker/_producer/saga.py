@@ -111,8 +111,11 @@ class Step:
 class Saga:
     """A handle on one saga; ``sw.get(id)`` gives the same handle in another process."""
 
-    def __init__(self, rt: Runtime, producer: Producer, saga_id: str) -> None:
+    def __init__(self, rt: Runtime, producer: Producer, saga_id: str,
+                 trace_context: str | None = None) -> None:
         self.rt, self.producer, self.saga_id = rt, producer, saga_id
+        #: the saga's start span's context (tracing): its enqueue spans' parent
+        self.trace_context = trace_context
 
     def __repr__(self) -> str:
         return f"<Saga {self.saga_id}>"
@@ -125,7 +128,8 @@ class Saga:
                connection: Any = None) -> list[Step]:
         tx = None if connection is None else AppTx(self.rt.journal.engine, connection)
         return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
-                for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx)]
+                for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx,
+                                                    parent=self.trace_context)]
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
         """Journal INTENT, commit, then publish the tool task. ``connection=`` (a
@@ -150,7 +154,8 @@ class Saga:
         never journals a second step. The same id with another tool or other arguments
         is BadInput."""
         seq, task_id, name = self.producer.enqueue_call(self.saga_id, call_id, tool,
-                                                        tuple(args), dict(kwargs or {}))
+                                                        tuple(args), dict(kwargs or {}),
+                                                        self.trace_context)
         return Step(self.rt, self.saga_id, seq, task_id, name)
 
     async def aenqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
