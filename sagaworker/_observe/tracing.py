@@ -113,13 +113,20 @@ class Spanned:
 
             self.span.set_status(Status(StatusCode.ERROR, error[:500]))
 
-    def fail(self, exc: BaseException) -> None:
-        """What was raised inside the span: an event, and the ERROR status."""
-        if self.span is not None:
-            from opentelemetry.trace import Status, StatusCode
+    def fail(self, exc: BaseException, text: str | None = None) -> None:
+        """What was raised inside the span: an ``exception`` event and the ERROR status.
+        Its message only as ``text`` gives it (redacted: an exception's own text, or its
+        traceback's, may quote a secret argument or a statement's parameters)."""
+        if self.span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
 
-            self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+        kind = type(exc)
+        attrs = {"exception.type": f"{kind.__module__}.{kind.__qualname__}"}
+        if text is not None:
+            attrs["exception.message"] = text
+        self.span.add_event("exception", attrs)
+        self.span.set_status(Status(StatusCode.ERROR, (text or kind.__name__)[:500]))
 
     @contextmanager
     def current(self) -> Iterator[None]:

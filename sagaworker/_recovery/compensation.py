@@ -78,8 +78,9 @@ class Compensator:
                 if outcome is None:
                     span.outcome("retried", "the undo raised: it is tried again")
                     return  # a retry is scheduled
-                span.outcome(outcome[0].value.lower(), outcome[1] if outcome[0]
-                             is OutcomeResult.COMPENSATION_FAILED else None)
+                # (not the undo's own text: it may quote a secret, as the logger knows)
+                span.outcome(outcome[0].value.lower(), "the undo failed: dirty state"
+                             if outcome[0] is OutcomeResult.COMPENSATION_FAILED else None)
                 # the outcome and the next claim share one transaction (one per undo)
                 next_token = new_token()
                 recorded, st = machine.record_and_claim(saga_id, row.seq, *outcome, token,

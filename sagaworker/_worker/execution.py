@@ -206,7 +206,8 @@ class Executor:
                     self._journal_outcome(task, spec, saga_id, seq, token, claim.attempt,
                                           value, duration_ms, span)
         except Exception as exc:
-            span.fail(exc)
+            span.fail(exc, None if span.span is None else error_text(
+                exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
             if isinstance(exc, Reject | Ignore):  # no verdict of Celery's follows these
                 span.end()
             else:  # Celery's verdict (a retry, or FAILED in on_failure) ends the span

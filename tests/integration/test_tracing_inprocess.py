@@ -124,3 +124,38 @@ def test_traced_saga_spans_and_journaled_contexts(tmp_path: Path) -> None:
         [f"enqueue {hold}", "PRODUCER", "saga begin", [], 3, None, "UNSET"],
     ]
     assert {g[7] for g in got} == {1}  # one trace
+
+
+#: a payment whose error quotes its card, with SAGAWORKER_REDACT=card: every span exported
+#: (attributes, events, status) printed as one JSON line
+SECRET = """
+import json, sys
+from celery import Celery
+from sagaworker import SagaStatus, Sagaworker, Settings
+from sagaworker.testing import harness
+
+sw = Sagaworker(Celery("t", broker="memory://"),
+                settings=Settings(database_url="sqlite:///" + sys.argv[1], redact="card"))
+
+@sw.tool()
+def pay(card: str) -> str:
+    raise ValueError(f"card {card} declined")
+
+with harness(sw) as plan:
+    res = sw.saga("t-1", lambda s: s.call(pay, "4000111122223333"))
+    assert res.status is SagaStatus.COMPENSATED, res
+got = exporter.get_finished_spans()
+print(json.dumps([[s.name, s.status.status_code.name, s.status.description, dict(s.attributes),
+                   [[e.name, dict(e.attributes)] for e in s.events]] for s in got]))
+"""
+
+
+def test_a_failed_steps_span_quotes_no_redacted_value(tmp_path: Path) -> None:
+    """The FAILED run's status and exception event carry the redacted error text."""
+    out = _run(TRACED + SECRET, tmp_path)
+    runs = [s for s in json.loads(out[-1]) if s[0] == "step __main__.pay"]
+    assert [(r[1], r[2], r[4]) for r in runs] == [(
+        "ERROR", "ValueError: card [REDACTED] declined",
+        [["exception", {"exception.type": "builtins.ValueError",
+                        "exception.message": "ValueError: card [REDACTED] declined"}]])]
+    assert "4000111122223333" not in out[-1]
