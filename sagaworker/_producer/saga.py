@@ -17,6 +17,7 @@ from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
 from .._journal.app_tx import AppTx, is_async_app_connection, split_connection
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.redact import exception_text, secret_values
 from . import aio
 from .producer import Producer
@@ -177,7 +178,8 @@ class Saga:
 
     def fail(self, reason: str) -> None:
         """Publish the saga-failure message (journaled first, so it is never lost)."""
-        self.producer.fail(self.saga_id, reason)
+        with tracing.within(self.trace_context):  # a traced publish joins the saga's trace
+            self.producer.fail(self.saga_id, reason)
 
     async def acomplete(self) -> None:
         """``complete()``, awaitable."""

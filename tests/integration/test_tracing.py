@@ -21,6 +21,9 @@ pytestmark = pytest.mark.services
 T = 60
 STEP = "tests.apps.cluster.step"
 IDEM = "tests.apps.cluster.idem"
+#: every workers' spans file of this module: the clusters share one database, so a step
+#: may be relayed (and run) by another cluster's sweeper, into that cluster's file
+FILES: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,7 @@ def _traced(request: pytest.FixtureRequest, pg_url: str,
     c = Cluster(new_settings(pg_url, broker, tmp, redeliver_after=4, relay_after=2,
                              sweep_interval=1), tmp, request.param)
     c.spans_file = str(tmp / "worker-spans.jsonl")  # type: ignore[attr-defined]
+    FILES.append(c.spans_file)  # type: ignore[attr-defined]
     c.trace_env = {"TEST_SPANS_FILE": c.spans_file, **extra_env}  # type: ignore[attr-defined]
     c.start_worker(**c.trace_env)  # type: ignore[attr-defined]
     yield c
@@ -57,23 +61,28 @@ def traced(request: pytest.FixtureRequest, pg_url: str, producer_spans: str,
 
 
 @pytest.fixture(params=sorted(BROKERS))
-def instrumented(request: pytest.FixtureRequest, pg_url: str, producer_spans: str,
+def instrumented(request: pytest.FixtureRequest, fresh_pg_url: str, producer_spans: str,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Workers that trace with opentelemetry-instrumentation-celery on, and this process
-    instrumented too while the fixture lives."""
+    instrumented too while the fixture lives; a database of their own (no other
+    cluster's sweeper relays their steps)."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
+    from sagaworker._journal.migrate import upgrade
+
+    upgrade(fresh_pg_url)
     inst = CeleryInstrumentor()
     inst.instrument()
     try:
-        yield from _traced(request, pg_url, tmp_path_factory, "instrumented",
+        yield from _traced(request, fresh_pg_url, tmp_path_factory, "instrumented",
                            TEST_OTEL_CELERY="1")
     finally:
         inst.uninstrument()
 
 
 def all_spans(c: Cluster, producer: str) -> list[dict[str, Any]]:
-    return spans.read(producer) + spans.read(c.spans_file)  # type: ignore[attr-defined]
+    assert c.spans_file in FILES  # type: ignore[attr-defined]
+    return [s for path in [producer, *FILES] for s in spans.read(path)]
 
 
 def saga_trace(c: Cluster, producer: str, saga_id: str) -> tuple[str, list[dict[str, Any]]]:
@@ -222,14 +231,17 @@ def test_flow_is_one_trace(traced: Cluster, producer_spans: str) -> None:
                           if s["trace_id"] == start[0]["trace_id"]
                           and s["name"] == f"advance {flow}"]) >= 4, T, "the advances")
     trace = [s for s in all_spans(c, producer_spans) if s["trace_id"] == start[0]["trace_id"]]
-    advances = named(trace, f"advance {flow}")
-    assert [a["attributes"]["sagaworker.outcome"] for a in advances] == [
-        "waits", "waits", "waits", "returned"]
-    assert {a["parent_id"] for a in advances} == {start[0]["span_id"]}
-    # each step is enqueued by the advance that asked for it, and run as its child
+    advances = {a["span_id"]: a for a in named(trace, f"advance {flow}")}
+    assert len(advances) == 4
+    assert {a["parent_id"] for a in advances.values()} == {start[0]["span_id"]}
+    # each step is enqueued by the advance (a replay that waits) that asked for it, and
+    # run as the enqueue's child; the last replay returned the flow's value
+    asked = [one(trace, f"enqueue {STEP}", n)["parent_id"] for n in (1, 2, 3)]
+    assert [advances[a]["attributes"]["sagaworker.outcome"] for a in asked] == ["waits"] * 3
+    assert [a["attributes"]["sagaworker.outcome"] for i, a in advances.items()
+            if i not in asked] == ["returned"]
     for n in (1, 2, 3):
         enq = one(trace, f"enqueue {STEP}", n)
-        assert enq["parent_id"] == advances[n - 1]["span_id"]
         assert one(trace, f"step {STEP}", n)["parent_id"] == enq["span_id"]
     assert_whole(trace, start[0])
 
