@@ -83,7 +83,11 @@ class Producer:
         new = [dataclasses.replace(e, trace_context=s.carrier) for e, s in zip(new, spans,
                                                                                strict=True)]
         try:
-            return self._journal(saga_id, new, expect_seq, seen, tx, spans)
+            done = self._journal(saga_id, new, expect_seq, seen, tx, spans)
+            if not done:  # another replay journaled these steps first
+                for s in spans:
+                    s.outcome("superseded")
+            return done
         except BaseException as exc:
             for s in spans:
                 s.fail(exc)
@@ -97,6 +101,8 @@ class Producer:
                  ) -> list[tuple[int, NewEntry]]:
         seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen,
                                            tx=tx)
+        if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
+            return []
         for i, (e, seq) in enumerate(zip(new, seqs, strict=True)):
             s = tracing.NO_SPAN if spans is None else spans[i]
             s.set("seq", seq)
@@ -106,7 +112,6 @@ class Producer:
             else:
                 tx.after_commit(functools.partial(self._announce_within, saga_id, seq, e),
                                 saga_id=saga_id, task_ids=[e.task_id])
-        # (no seqs: a flow's replay that found the journal moved on, nothing journaled)
         return list(zip(seqs, new, strict=True))
 
     def enqueue_call(self, saga_id: str, call_id: str, tool: Any, args: Sequence[Any],

@@ -214,6 +214,27 @@ def test_step_sent_by_the_relay_stays_in_its_trace(traced: Cluster, producer_spa
     assert_whole(trace, root)
 
 
+def test_celery_retry_is_a_second_run_of_the_same_enqueue(traced: Cluster,
+                                                          producer_spans: str) -> None:
+    """A tool Celery retries: its first run's span ends with the retry (error, outcome
+    retried), the second is EXECUTED; both children of the one enqueue span."""
+    c = traced
+    key = uid("k")
+    saga = c.sw.begin(key)
+    assert saga.enqueue(c.tool("retried"), key, "r", 1).result(timeout=T) == "r"
+    name = "step tests.apps.cluster.retried"
+    wait_spans(c, producer_spans, key, name, 2)
+    _, trace = saga_trace(c, producer_spans, key)
+    enq = one(trace, "enqueue tests.apps.cluster.retried", 1)
+    # (the second run may end before Celery's retry hook ends the first: by attempt)
+    runs = {r["attributes"]["sagaworker.attempt"]: r for r in named(trace, name)}
+    assert len(runs) == 2
+    assert [(n, runs[n]["attributes"]["sagaworker.outcome"], runs[n]["status"],
+             runs[n]["parent_id"]) for n in (1, 2)] == [
+        (1, "retried", "ERROR", enq["span_id"]), (2, "executed", "UNSET", enq["span_id"])]
+    assert_whole(trace, one(trace, "saga begin"))
+
+
 def test_flow_is_one_trace(traced: Cluster, producer_spans: str) -> None:
     """A flow's start, each advance (in whichever worker) and its steps: one trace."""
     from tests.apps.cluster import three_steps
