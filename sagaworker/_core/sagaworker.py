@@ -27,6 +27,7 @@ from .._journal.machine import Machine
 from .._journal.repository import Journal
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.logging import ensure_structlog, get_logger
 from .._producer.approvals import Gate
 from .._producer.producer import Producer
@@ -190,8 +191,9 @@ class Sagaworker(AsyncTwins):
         _check_id(saga_id)
         self._check_metadata(metadata)
         tx = None if connection is None else AppTx(self.journal.engine, connection)
-        self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline), tx)
-        return Saga(self.rt, self.producer, saga_id)
+        traced = self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline),
+                                  tx)
+        return Saga(self.rt, self.producer, saga_id, traced)
 
     def _check_metadata(self, metadata: dict[str, Any] | None) -> None:
         check_size(check_json(metadata or {}, "saga metadata"), "the saga's metadata",
@@ -223,15 +225,19 @@ class Sagaworker(AsyncTwins):
         _check_id(saga_id)
         self._check_metadata(metadata)
         tx = None if connection is None else AppTx(self.journal.engine, connection)
-        self.journal.create_saga(saga_id, dict(metadata or {}), deadline=_deadline(deadline),
-                                 tx=tx)
-        return Saga(self.rt, self.producer, saga_id)
+        # traced: the saga's start span, whose context is journaled with it
+        with tracing.span("saga begin", saga_id=saga_id) as s:
+            self.journal.create_saga(saga_id, dict(metadata or {}),
+                                     deadline=_deadline(deadline), tx=tx,
+                                     trace_context=s.carrier)
+        return Saga(self.rt, self.producer, saga_id, s.carrier)
 
     def get(self, saga_id: str) -> Saga:
         """The handle on an existing saga (in another process, say); SagaNotFound if none."""
-        if self.journal.saga_row(saga_id) is None:
+        row = self.journal.saga_row(saga_id)
+        if row is None:
             raise SagaNotFound(f"no saga {saga_id!r} in the journal")
-        return Saga(self.rt, self.producer, saga_id)
+        return Saga(self.rt, self.producer, saga_id, row.trace_context)
 
     def saga(self, saga_id: str, work: Callable[[SyncSaga], Any], *,
              metadata: dict[str, Any] | None = None, timeout: float = 300) -> SagaResult:

@@ -86,6 +86,8 @@ class UndoState:
     in_doubt: tuple[Any, ...] = ()
     #: undos given up by this move because their worker died on every try
     died: tuple[tuple[Any, str], ...] = field(default=())
+    #: the saga's start span's context (tracing): the parent of the undo's span
+    trace_context: str | None = None
 
 
 #: what a process holds a lease on: (saga id, seq, True for an undo, token)

@@ -47,6 +47,7 @@ class Claimed(NamedTuple):
     args_digest: str
     approved_by: str | None = None
     approved_digest: str | None = None
+    trace_context: str | None = None  # the step's enqueue span's (tracing)
 
 
 def enabled(engine: Engine) -> bool:
@@ -151,7 +152,7 @@ WHERE e.saga_id = %(saga)s AND e.seq = %(seq)s AND e.phase = '{_INTENT}'
   AND e.lease_until IS NULL AND e.tool_name = %(tool)s AND e.approved_by IS NULL
   AND s.saga_id = e.saga_id AND s.status IN ({_OPEN}) AND s.fail_requested_at IS NULL
   AND (s.deadline_at IS NULL OR s.deadline_at > statement_timestamp())
-RETURNING e.attempts, e.args_digest
+RETURNING e.attempts, e.args_digest, e.trace_context
 """
 
 
@@ -163,16 +164,20 @@ def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, work
     row = _run(engine, _CLAIM, {"lease": lease, "worker": worker, "token": token,
                                 "task_id": task_id, "saga": saga_id, "seq": seq,
                                 "tool": tool})
-    return None if row is None else Claimed(int(row[0]), str(row[1]))
+    return None if row is None else Claimed(int(row[0]), str(row[1]), trace_context=row[2])
 
 
-_EXECUTED_SQL = f"""
+@functools.cache
+def _executed_sql(traced: bool) -> str:
+    # the run's span context only when it was traced: else the statement is unchanged
+    span = " span_context = %(span)s," if traced else ""
+    return f"""
 WITH bump AS (
     UPDATE {_S} SET exec_counter = exec_counter + 1, updated_at = statement_timestamp()
     WHERE saga_id = %(saga)s RETURNING exec_counter, status, flow)
 UPDATE {_E} SET
     phase = '{_EXECUTED}', result = %(result)s, executed_at = statement_timestamp(),
-    updated_at = statement_timestamp(),
+    updated_at = statement_timestamp(),{span}
     exec_order = (SELECT exec_counter FROM bump), lease_until = NULL,
     duration_ms = %(ms)s, error = NULL
 WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'
@@ -182,18 +187,21 @@ RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
 
 
 def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
-             duration_ms: float) -> tuple[str, str | None] | None:
+             duration_ms: float, span_context: str | None = None
+             ) -> tuple[str, str | None] | None:
     """Move ``execute`` fenced by the attempt token, with the saga row's lock and the next
     execution order taken in the same statement. (status, flow), or None on a miss."""
-    row = _run(engine, _EXECUTED_SQL, {"saga": saga_id, "seq": seq, "token": token,
-                                       "result": _json(engine, "result", result),
-                                       "ms": duration_ms})
+    row = _run(engine, _executed_sql(span_context is not None), {
+        "saga": saga_id, "seq": seq, "token": token,
+        "result": _json(engine, "result", result), "ms": duration_ms, "span": span_context})
     return None if row is None else (str(row[0]), row[1])
 
 
 @functools.cache
-def _intent_sql(gated: bool) -> str:
+def _intent_sql(gated: bool, traced: bool) -> str:
     status = ", status = 'AWAITING_APPROVAL'" if gated else ""
+    # the enqueue span's context only when it was traced: else the statement is unchanged
+    column, value = (", trace_context", ", %(trace)s") if traced else ("", "")
     return f"""
 WITH bump AS (
     UPDATE {_S} SET last_seq = last_seq + 1, updated_at = statement_timestamp(){status}
@@ -201,10 +209,10 @@ WITH bump AS (
     RETURNING last_seq)
 INSERT INTO {_E} (saga_id, seq, tool_name, phase, args, kwargs, args_digest, queue,
                   task_id, attempts, created_at, updated_at, in_doubt,
-                  compensation_attempts, approval_nonce, approval_requested_at)
+                  compensation_attempts, approval_nonce, approval_requested_at{column})
 SELECT %(saga)s, last_seq, %(tool)s, %(phase)s, %(args)s, %(kwargs)s, %(digest)s,
        %(queue)s, %(task_id)s, 0, statement_timestamp(), statement_timestamp(), false, 0,
-       %(nonce)s, {"statement_timestamp()" if gated else "NULL"}
+       %(nonce)s, {"statement_timestamp()" if gated else "NULL"}{value}
 FROM bump
 RETURNING seq
 """
@@ -212,14 +220,15 @@ RETURNING seq
 
 def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
            kwargs: dict[str, Any], digest: str, queue: str | None, task_id: str,
-           gated: bool, nonce: str | None) -> int | None:
+           gated: bool, nonce: str | None, trace_context: str | None = None) -> int | None:
     """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump; the seq,
     or None when the saga takes no new steps."""
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
-    row = _run(engine, _intent_sql(gated), {
+    row = _run(engine, _intent_sql(gated, trace_context is not None), {
         "saga": saga_id, "tool": tool, "phase": phase,
         "args": _json(engine, "args", args), "kwargs": _json(engine, "kwargs", kwargs),
-        "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce})
+        "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
+        "trace": trace_context})
     return None if row is None else int(row[0])
 
 

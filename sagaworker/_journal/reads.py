@@ -34,6 +34,7 @@ class NewEntry:
     gated: bool
     approval_nonce: str | None = None
     call_id: str | None = None  # the caller's id for it (an agent's tool-call id)
+    trace_context: str | None = None  # its enqueue span's (tracing), journaled with it
 
 
 class JournalReads:

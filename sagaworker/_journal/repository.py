@@ -196,15 +196,17 @@ class Journal(JournalReads):
     def create_saga(self, saga_id: str, meta: dict[str, Any], *,
                     deadline: float | None = None, flow: str | None = None,
                     flow_args: list[Any] | None = None,
-                    flow_kwargs: dict[str, Any] | None = None, tx: AppTx | None = None) -> None:
+                    flow_kwargs: dict[str, Any] | None = None, tx: AppTx | None = None,
+                    trace_context: str | None = None) -> None:
         # every stamp is the database's clock (a deadline too: a producer whose clock is
         # behind would otherwise give its saga more time, or less)
+        traced = {} if trace_context is None else {"trace_context": trace_context}
         try:
             (tx.run if tx else self.write)(lambda conn: conn.execute(insert(sagas).values(
                 saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
                 created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
                 deadline_at=None if deadline is None else db_later(deadline),
-                flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs)))
+                flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs, **traced)))
         except IntegrityError as exc:
             raise SagaExists(
                 f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
@@ -250,8 +252,10 @@ class Journal(JournalReads):
                 _refuse_enqueue(conn, saga_id)
             assert row is not None
             first = int(row[0]) - len(new) + 1
+            traced = any(e.trace_context is not None for e in new)
             conn.execute(insert(entries).values(created_at=db_now(), updated_at=db_now()),
-                         [_entry_values(saga_id, first + i, e) for i, e in enumerate(new)])
+                         [_entry_values(saga_id, first + i, e, traced)
+                          for i, e in enumerate(new)])
             gates = [first + i for i, e in enumerate(new) if e.gated]
             if gates:
                 conn.execute(update(entries).where(entries.c.saga_id == saga_id,
@@ -276,7 +280,7 @@ class Journal(JournalReads):
             return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
                                   args=e.args, kwargs=e.kwargs, digest=e.args_digest,
                                   queue=e.queue, task_id=e.task_id, gated=e.gated,
-                                  nonce=e.approval_nonce)
+                                  nonce=e.approval_nonce, trace_context=e.trace_context)
 
         try:
             seq = once()
@@ -303,14 +307,18 @@ class Journal(JournalReads):
                 .values(advanced_at=db_now(), advanced_seen=seen, resends=0, resend_at=None))
 
 
-def _entry_values(saga_id: str, seq: Any, e: NewEntry) -> dict[str, Any]:
-    return {
+def _entry_values(saga_id: str, seq: Any, e: NewEntry, traced: bool) -> dict[str, Any]:
+    """An entry's row; its trace context only when the batch has one (else no column)."""
+    values = {
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
         "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
         "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
         "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "call_id": e.call_id}
+    if traced:
+        values["trace_context"] = e.trace_context
+    return values
 
 
 def _storable(values: dict[str, Any]) -> dict[str, Any]:

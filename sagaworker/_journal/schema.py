@@ -78,6 +78,9 @@ sagas = Table(
     # deadline): replayed after a lost COMMIT, that move answers as its first run did
     Column("fail_token", String(32)),
     Column("idle_reported_at", _ts),
+    # the W3C trace context of the saga's start span (OpenTelemetry, when configured):
+    # the parent of its undos' and its flow's advance spans, in whichever process
+    Column("trace_context", Text),
     Index("ix_sagaworker_sagas_status_finished", "status", "finished_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),
     Index("ix_sagaworker_sagas_deadline", "deadline_at"),
@@ -153,6 +156,11 @@ entries = Table(
     Column("rejected_by", String(200)),
     Column("rejected_at", _ts),
     Column("rejection_reason", Text),
+    # tracing: the context of the step's enqueue span (the parent of each run of it, also
+    # of a message the relay or the sweeper sent again), and of the run that journaled its
+    # outcome (what the undo's span links to); NULL where nothing was traced
+    Column("trace_context", Text),
+    Column("span_context", Text),
     Index("ix_sagaworker_entries_phase_created", "phase", "created_at"),
     Index("ux_sagaworker_entries_call_id", "saga_id", "call_id", unique=True),
     # retention keeps the sagas with an in-doubt entry: without it, each batch of a prune

@@ -174,17 +174,19 @@ class StepMoves(MoveBase):
     @performs("step", "execute")
     def executed(self, saga_id: str, seq: int, token: str, result: Any,
                  duration_ms: float, *, error: str | None = None,
-                 fail_reason: str | None = None) -> Executed:
+                 fail_reason: str | None = None, span_context: str | None = None) -> Executed:
         """Move ``execute``; ``applied`` False when another attempt fenced this one out.
         ``error``: the effect happened but its result cannot be journaled (result None);
         the saga is asked to fail (``fail_reason``) in the same transaction, so a worker
-        lost right after it leaves the failure to the sweeper, never a live effect."""
+        lost right after it leaves the failure to the sweeper, never a live effect.
+        ``span_context``: the traced run's, written with the outcome (its undo links to it)."""
         t = db_now()
         engine = self.j.engine
         fast = _pgfast.enabled(engine) and error is None
         if fast:
             got = _pgfast.executed(engine, saga_id=saga_id, seq=seq, token=token,
-                                   result=result, duration_ms=duration_ms)
+                                   result=result, duration_ms=duration_ms,
+                                   span_context=span_context)
             if got is not None:
                 return Executed(True, SagaStatus(got[0]), got[1])
         with engine.begin() as conn:
@@ -192,11 +194,12 @@ class StepMoves(MoveBase):
             if not fast:  # (fast: a miss of the statement above, a replay or fenced)
                 if saga is None:
                     return Executed(False, None)
+                traced = {} if span_context is None else {"span_context": span_context}
                 n = self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
                                      entries.c.attempt_token == token,
                                      phase=_EXECUTE.target, result=result, executed_at=t,
                                      exec_order=saga.exec_counter + 1, lease_until=None,
-                                     duration_ms=duration_ms, error=error)
+                                     duration_ms=duration_ms, error=error, **traced)
                 if n:
                     self.j.touch(conn, saga_id, exec_counter=saga.exec_counter + 1)
                     if error is not None:

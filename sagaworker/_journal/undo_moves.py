@@ -114,7 +114,7 @@ class UndoMoves(MoveBase):
                 r = mine[0]
                 return UndoState(UndoClaim.CLAIMED, row=r, attempt=r.compensation_attempts,
                                  reason=saga.reason, in_doubt=tuple(doubted),
-                                 died=tuple(died))
+                                 died=tuple(died), trace_context=saga.trace_context)
             if any(r.comp_alive for r in live):
                 return UndoState(UndoClaim.BUSY, row=live[0], in_doubt=tuple(doubted),
                                  died=tuple(died))
@@ -126,7 +126,8 @@ class UndoMoves(MoveBase):
                     self.j.touch(conn, saga_id, chain_touched_at=db_now())
                 return UndoState(UndoClaim.CLAIMED, row=claimed,
                                  attempt=claimed.compensation_attempts, reason=saga.reason,
-                                 in_doubt=tuple(doubted), died=tuple(died))
+                                 in_doubt=tuple(doubted), died=tuple(died),
+                                 trace_context=saga.trace_context)
             row = conn.execute(
                 select(entries).where(entries.c.saga_id == saga_id,
                                       entries.c.phase == _EXECUTED,

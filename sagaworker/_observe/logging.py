@@ -25,6 +25,7 @@ from .celery_logs import (
     install_filter,
 )
 from .redact import REDACTED
+from .tracing import add_trace_ids
 
 __all__ = ["REDACTED", "RedactingFilter", "configure_logging", "get_logger", "redactor"]
 
@@ -98,6 +99,7 @@ def scrub_values(_logger: Any, _method: str, event_dict: MutableMapping[str, Any
 def _chain(redact_keys: Iterable[str]) -> list[Any]:
     return [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,  # the current span's ids (OpenTelemetry, when it is configured)
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
         redactor(redact_keys),

@@ -19,6 +19,7 @@ from .._journal.dialect import aware
 from .._journal.moves_base import new_token
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
+from .._observe import tracing
 from .._observe.logging import get_logger
 from .deadlines import deadline_passed
 
@@ -172,14 +173,15 @@ class Gate:
             row = machine.reject(saga_id, seq, check=check, approver=approver, token=call,
                                  reason=reason)
         fields = {"saga_id": saga_id, "seq": seq, "tool": row.tool_name, "approver": approver}
-        if approve:
-            log.info("approval_granted", **fields)
-            self.rt.bus.publish_step(saga_id, seq, row.tool_name, list(row.args),
-                                     dict(row.kwargs), row.task_id, row.queue)
-        else:
-            log.warning("approval_rejected", reason=reason, **fields)
-            self.rt.bus.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected by "
-                                          f"{approver}: {reason or 'rejected'}")
+        with tracing.within(row.trace_context):  # a traced publish joins the saga's trace
+            if approve:
+                log.info("approval_granted", **fields)
+                self.rt.bus.publish_step(saga_id, seq, row.tool_name, list(row.args),
+                                         dict(row.kwargs), row.task_id, row.queue)
+            else:
+                log.warning("approval_rejected", reason=reason, **fields)
+                self.rt.bus.send_failure(saga_id, f"step {seq} ({row.tool_name}) rejected "
+                                              f"by {approver}: {reason or 'rejected'}")
         return saga_id, seq
 
     def _overdue(self, saga_id: str, seq: int) -> NoReturn:

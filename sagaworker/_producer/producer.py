@@ -16,6 +16,7 @@ from .._base.types import ENVELOPE, Phase
 from .._journal.app_tx import AppTx
 from .._journal.repository import NewEntry
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call
 from .approvals import signer_for
@@ -68,26 +69,54 @@ class Producer:
 
     def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
                 *, expect_seq: int | None = None, seen: int | None = None,
-                tx: AppTx | None = None) -> list[tuple[int, NewEntry]]:
+                tx: AppTx | None = None, parent: str | None = None
+                ) -> list[tuple[int, NewEntry]]:
         """Journal the steps (one transaction: ``tx``, the caller's, if given), then
-        publish the ungated ones (once ``tx`` committed)."""
+        publish the ungated ones (once ``tx`` committed). Traced: each in an enqueue span,
+        the child of ``parent`` (the saga's journaled context) or of the current span."""
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
+        spans = tracing.enqueue_spans(saga_id, [e.tool_name for e in new], parent)
+        if spans is None:
+            return self._journal(saga_id, new, expect_seq, seen, tx, None)
+        new = [dataclasses.replace(e, trace_context=s.carrier) for e, s in zip(new, spans,
+                                                                               strict=True)]
+        try:
+            done = self._journal(saga_id, new, expect_seq, seen, tx, spans)
+            if not done:  # another replay journaled these steps first
+                for s in spans:
+                    s.outcome("superseded")
+            return done
+        except BaseException as exc:
+            for s in spans:
+                s.fail(exc)
+            raise
+        finally:
+            for s in spans:
+                s.end()
+
+    def _journal(self, saga_id: str, new: list[NewEntry], expect_seq: int | None,
+                 seen: int | None, tx: AppTx | None, spans: list[tracing.Spanned] | None
+                 ) -> list[tuple[int, NewEntry]]:
         seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen,
                                            tx=tx)
         if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
             return []
-        for e, seq in zip(new, seqs, strict=True):
+        for i, (e, seq) in enumerate(zip(new, seqs, strict=True)):
+            s = tracing.NO_SPAN if spans is None else spans[i]
+            s.set("seq", seq)
             if tx is None:
-                self._announce(saga_id, seq, e)
+                with s.current():  # an instrumented Celery's publish span is its child
+                    self._announce(saga_id, seq, e)
             else:
-                tx.after_commit(functools.partial(self._announce, saga_id, seq, e),
+                tx.after_commit(functools.partial(self._announce_within, saga_id, seq, e),
                                 saga_id=saga_id, task_ids=[e.task_id])
         return list(zip(seqs, new, strict=True))
 
     def enqueue_call(self, saga_id: str, call_id: str, tool: Any, args: Sequence[Any],
-                     kwargs: dict[str, Any]) -> tuple[int, str, str]:
+                     kwargs: dict[str, Any], parent: str | None = None
+                     ) -> tuple[int, str, str]:
         """Journal one step for a caller's call id, unless the saga holds it already:
         ``(seq, task_id, tool)`` of the step for that id."""
         if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
@@ -99,10 +128,15 @@ class Producer:
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = dataclasses.replace(self.prepare(tool, args, kwargs), call_id=call_id)
-        found, created = self.rt.journal.add_call(saga_id, new)
-        if created:
-            self._announce(saga_id, found, new)
-            return found, new.task_id, new.tool_name
+        with tracing.span(f"enqueue {new.tool_name}", parent=parent, kind="PRODUCER",
+                          saga_id=saga_id, tool=new.tool_name) as s:
+            if s.carrier is not None:
+                new = dataclasses.replace(new, trace_context=s.carrier)
+            found, created = self.rt.journal.add_call(saga_id, new)
+            if created:
+                s.set("seq", found)
+                self._announce(saga_id, found, new)
+                return found, new.task_id, new.tool_name
         if found.tool_name != new.tool_name or found.args_digest != new.args_digest:
             raise BadInput(
                 f"call id {call_id!r} already journaled step {found.seq} of saga {saga_id!r} "
@@ -115,6 +149,11 @@ class Producer:
             self.publish(saga_id, found.seq, found.tool_name, list(found.args or []),
                          dict(found.kwargs or {}), found.task_id, found.queue)
         return found.seq, found.task_id, found.tool_name
+
+    def _announce_within(self, saga_id: str, seq: int, e: NewEntry) -> None:
+        """``_announce`` after the app's COMMIT, under the step's journaled context."""
+        with tracing.within(e.trace_context):
+            self._announce(saga_id, seq, e)
 
     def _announce(self, saga_id: str, seq: int, e: NewEntry) -> None:
         """A journaled step's log lines, and its publish unless it waits at a gate."""

@@ -17,6 +17,7 @@ from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
 from .._journal.app_tx import AppTx, is_async_app_connection, split_connection
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.redact import exception_text, secret_values
 from . import aio
 from .producer import Producer
@@ -117,8 +118,11 @@ class Step:
 class Saga:
     """A handle on one saga; ``sw.get(id)`` gives the same handle in another process."""
 
-    def __init__(self, rt: Runtime, producer: Producer, saga_id: str) -> None:
+    def __init__(self, rt: Runtime, producer: Producer, saga_id: str,
+                 trace_context: str | None = None) -> None:
         self.rt, self.producer, self.saga_id = rt, producer, saga_id
+        #: the saga's start span's context (tracing): its enqueue spans' parent
+        self.trace_context = trace_context
 
     def __repr__(self) -> str:
         return f"<Saga {self.saga_id}>"
@@ -131,7 +135,8 @@ class Saga:
                connection: Any = None) -> list[Step]:
         tx = None if connection is None else AppTx(self.rt.journal.engine, connection)
         return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
-                for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx)]
+                for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx,
+                                                    parent=self.trace_context)]
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> Step:
         """Journal INTENT, commit, then publish the tool task. ``connection=`` (a
@@ -156,7 +161,8 @@ class Saga:
         never journals a second step. The same id with another tool or other arguments
         is BadInput."""
         seq, task_id, name = self.producer.enqueue_call(self.saga_id, call_id, tool,
-                                                        tuple(args), dict(kwargs or {}))
+                                                        tuple(args), dict(kwargs or {}),
+                                                        self.trace_context)
         return Step(self.rt, self.saga_id, seq, task_id, name)
 
     async def aenqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
@@ -178,7 +184,8 @@ class Saga:
 
     def fail(self, reason: str) -> None:
         """Publish the saga-failure message (journaled first, so it is never lost)."""
-        self.producer.fail(self.saga_id, reason)
+        with tracing.within(self.trace_context):  # a traced publish joins the saga's trace
+            self.producer.fail(self.saga_id, reason)
 
     async def acomplete(self) -> None:
         """``complete()``, awaitable."""

@@ -18,6 +18,7 @@ from .._base.types import CompensationContext, OutcomeResult, SagaStatus
 from .._journal.machine import Held, UndoClaim, UndoState, new_token
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.logging import get_logger
 from .._worker.execution import Heartbeat
 
@@ -67,11 +68,19 @@ class Compensator:
         self._log_found(st)
         while st.state is UndoClaim.CLAIMED:
             row = st.row
+            # traced: a child of the saga's start span, linked to the forward step's run
             with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=row.seq,
-                                                         tool=row.tool_name):
+                                                         tool=row.tool_name), tracing.span(
+                    f"compensate {row.tool_name}", parent=st.trace_context,
+                    link=row.span_context, saga_id=saga_id, seq=row.seq, tool=row.tool_name,
+                    attempt=st.attempt) as span:
                 outcome = self._try(saga_id, st, token)
                 if outcome is None:
+                    span.outcome("retried", "the undo raised: it is tried again")
                     return  # a retry is scheduled
+                # (not the undo's own text: it may quote a secret, as the logger knows)
+                span.outcome(outcome[0].value.lower(), "the undo failed: dirty state"
+                             if outcome[0] is OutcomeResult.COMPENSATION_FAILED else None)
                 # the outcome and the next claim share one transaction (one per undo)
                 next_token = new_token()
                 recorded, st = machine.record_and_claim(saga_id, row.seq, *outcome, token,

@@ -21,6 +21,7 @@ from .._journal.dialect import aware, db_later, db_now
 from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
+from .._observe import tracing
 from .._observe.logging import get_logger
 
 __all__ = ["Sweeper"]
@@ -122,7 +123,8 @@ class Sweeper:
                                 sagas.c.fail_requested_at
                                 < self._ago(min(self.rt.settings.relay_after, 10.0))))
         for r in rows:
-            self.rt.bus.send_failure(r.saga_id, r.reason or "saga failed")
+            with tracing.within(r.trace_context):
+                self.rt.bus.send_failure(r.saga_id, r.reason or "saga failed")
         return len(rows)
 
     def _chains(self) -> int:
@@ -134,7 +136,8 @@ class Sweeper:
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("compensation_resumed")
-            self.rt.bus.send_compensate(r.saga_id)
+            with tracing.within(r.trace_context):
+                self.rt.bus.send_compensate(r.saga_id)
         return len(rows)
 
     def _deadlines(self) -> int:
@@ -172,7 +175,8 @@ class Sweeper:
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("flow_resumed", flow=r.flow)
-            self.rt.bus.send_advance(r.saga_id)
+            with tracing.within(r.trace_context):
+                self.rt.bus.send_advance(r.saga_id)
         return len(rows)
 
     def _idle(self) -> int:
@@ -295,7 +299,8 @@ class Sweeper:
             if event:
                 log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
                             task_id=r.task_id, resends=r.resends + 1)
-            publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs), r.task_id,
-                    r.queue, retries=r.celery_retries)
+            with tracing.within(r.trace_context):  # a traced publish joins the saga's trace
+                publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs),
+                        r.task_id, r.queue, retries=r.celery_retries)
         return len(rows)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from celery import Task
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 
 from .._base.awaiting import settle
 from .._base.canonical import args_digest, not_json
@@ -22,6 +22,7 @@ from .._base.types import ENVELOPE, OPEN, SagaStatus
 from .._journal.machine import Claim, Held, Start, new_token, worker_label
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
@@ -82,9 +83,15 @@ class ToolTask(Task):  # type: ignore[misc]
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
         # Only an exception the tool itself raised, after Celery gave up retrying, makes
-        # the entry FAILED (``Failures``)
-        self.sagaworker_executor.failures.gave_up(task_id, self.sagaworker_spec, exc,
-                                                  args, kwargs)
+        # the entry FAILED (``Failures``): in the run's span (traced), which ends here
+        with tracing.resumed(task_id) as span:
+            failed = self.sagaworker_executor.failures.gave_up(
+                task_id, self.sagaworker_spec, exc, args, kwargs)
+            span.outcome("failed" if failed else "raised")
+
+    def on_retry(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                 einfo: Any) -> None:
+        tracing.finish_parked(task_id, "retried")  # the run's span: Celery retries it
 
 
 class Failures:
@@ -116,14 +123,16 @@ class Failures:
             self.rt.machine.retry_due(saga_id, seq, token, delay, retries)
 
     def gave_up(self, task_id: str, spec: ToolSpec, exc: BaseException, args: Any,
-                kwargs: Any) -> None:
+                kwargs: Any) -> bool:
+        """True when the exception was the tool's: its step is FAILED (unless fenced)."""
         noted = self.noted.pop(task_id, None)
         if noted is None:
-            return
+            return False
         saga_id, seq, token = noted
         self.fail_step(saga_id, seq, spec.name, token,
                        error_text(exc, spec.signature, args or (), kwargs or {},
                                   self.rt.settings.redact_keys), task_id=task_id)
+        return True
 
     def forget(self, task_id: str) -> None:
         self.noted.pop(task_id, None)
@@ -170,22 +179,41 @@ class Executor:
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One delivery: claim the step, run the tool, journal its outcome."""
         token = new_token()
+        started = time.time_ns()
         claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
                                             worker=worker_label(),
                                             idempotent=spec.idempotent,
                                             task_id=task.request.id)
         if not self._runs(claim, spec, saga_id, seq):
             return None
-        if claim.rerun:
-            log.warning("step_rerun", attempts=claim.attempt,
-                        detail="idempotent tool: its earlier attempt died with no outcome")
-        problem = self._verify(spec, claim.row, args, kwargs)
-        if problem is not None:
-            self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task.request.id)
-            return None
-        value, duration_ms = self._attempt(task, spec, saga_id, seq, token, args, kwargs)
-        self._journal_outcome(task, spec, saga_id, seq, token, claim.attempt, value,
-                              duration_ms)
+        # traced: the run's span, from the claim on, is the child of the step's journaled
+        # enqueue span (however the message came: the producer, the relay, the sweeper)
+        span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
+                                 claim.row.trace_context, started)
+        try:
+            with span.current():
+                if claim.rerun:
+                    log.warning("step_rerun", attempts=claim.attempt, detail="idempotent "
+                                "tool: its earlier attempt died with no outcome")
+                problem = self._verify(spec, claim.row, args, kwargs)
+                if problem is not None:
+                    span.outcome("failed", problem)
+                    self.fail_step(saga_id, seq, spec.name, token, problem,
+                                   task_id=task.request.id)
+                else:
+                    value, duration_ms = self._attempt(task, spec, saga_id, seq, token,
+                                                       args, kwargs)
+                    self._journal_outcome(task, spec, saga_id, seq, token, claim.attempt,
+                                          value, duration_ms, span)
+        except Exception as exc:
+            span.fail(exc, None if span.span is None else error_text(
+                exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+            if isinstance(exc, Reject | Ignore):  # no verdict of Celery's follows these
+                span.end()
+            else:  # Celery's verdict (a retry, or FAILED in on_failure) ends the span
+                tracing.park(task.request.id, span)
+            raise
+        span.end()
         return None
 
     def _runs(self, claim: Claim, spec: ToolSpec, saga_id: str, seq: int) -> bool:
@@ -234,7 +262,8 @@ class Executor:
         return value, round((time.perf_counter() - started) * 1000, 3)
 
     def _journal_outcome(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
-                         token: str, attempt: int, value: Any, duration_ms: float) -> None:
+                         token: str, attempt: int, value: Any, duration_ms: float,
+                         span: tracing.Spanned) -> None:
         rt = self.rt
         # The effect happened: a result that cannot be journaled still makes the step
         # EXECUTED (so its undo runs), with the error saying why its result is missing.
@@ -242,7 +271,9 @@ class Executor:
         error = None if bad is None else f"result is not JSON: {bad}"
         reason = f"step {seq} ({spec.name}) failed: {error}"
         outcome = rt.machine.executed(saga_id, seq, token, None if error else value,
-                                      duration_ms, error=error, fail_reason=reason)
+                                      duration_ms, error=error, fail_reason=reason,
+                                      span_context=span.carrier)
+        span.outcome("executed" if outcome.applied else "fenced", error)
         if not outcome.applied:
             # Another attempt took the entry over (this one's lease lapsed): its outcome is
             # the journal's, and this effect is reported, never journaled over it.

@@ -34,6 +34,7 @@ from .._base.errors import (
 from .._base.types import OPEN, Phase, SagaStatus
 from .._journal.app_tx import AppTx
 from .._journal.runtime import Runtime
+from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call, scrub_text, secret_values
 from .._producer.producer import Producer
@@ -44,6 +45,9 @@ __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
 log = get_logger()
 _RESERVED = ("metadata", "deadline")
 _PENDING = (Phase.INTENT, Phase.AWAITING_APPROVAL)  # a step without an outcome yet
+#: the status of an advance's span when the replay fails its saga
+_TRACED_ERRORS = {"diverged": "the flow diverged from its journal",
+                  "raised": "the flow raised: its saga fails"}
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,9 @@ class Flows:
 
     def start(self, saga_id: str, flow: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               metadata: dict[str, Any] | None, deadline: float | None,
-              tx: AppTx | None = None) -> None:
+              tx: AppTx | None = None) -> str | None:
+        """Journal a flow saga (in its start span, traced: its context, returned, is
+        journaled with it) and send its first advance."""
         spec = self.spec_of(flow)
         sig = inspect.signature(spec.fn)
         try:
@@ -263,13 +269,21 @@ class Flows:
             check_json([args, kwargs], f"the arguments of flow {spec.name!r} ({bad})")
         check_size(canonical_args(args, kwargs), f"the arguments of flow {spec.name!r}",
                    self.rt.settings.max_args_bytes)
-        self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
-                                    flow=spec.name, flow_args=list(args),
-                                    flow_kwargs=dict(kwargs), tx=tx)
-        if tx is None:
+        with tracing.span("saga start", saga_id=saga_id, flow=spec.name) as s:
+            self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
+                                        flow=spec.name, flow_args=list(args),
+                                        flow_kwargs=dict(kwargs), tx=tx,
+                                        trace_context=s.carrier)
+            if tx is None:
+                self.rt.bus.send_advance(saga_id)
+            else:  # once the caller's transaction committed (else the sweeper advances it)
+                tx.after_commit(lambda: self._send_advance(saga_id, s.carrier),
+                                saga_id=saga_id)
+        return s.carrier
+
+    def _send_advance(self, saga_id: str, carrier: str | None) -> None:
+        with tracing.within(carrier):
             self.rt.bus.send_advance(saga_id)
-        else:  # once the caller's transaction committed (else the sweeper advances it)
-            tx.after_commit(lambda: self.rt.bus.send_advance(saga_id), saga_id=saga_id)
 
     # -- the replay -----------------------------------------------------------------------
 
@@ -290,7 +304,18 @@ class Flows:
             log.error("flow_unknown", flow=saga.flow,
                       detail="this worker does not know the flow; the sweeper sends it again")
             return
-        run = replay(self.rt, self.producer, spec, saga, rows)
+        # traced: a child of the saga's start span, whichever message or worker advanced it
+        with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
+                          flow=spec.name) as s:
+            run = replay(self.rt, self.producer, spec, saga, rows)
+            # (no text of the flow's in the status: its reason may quote a secret)
+            s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not isinstance(
+                run.error, ToolFailed) else None)
+            self._move(spec, saga, rows, run)
+
+    def _move(self, spec: FlowSpec, saga: Any, rows: list[Any], run: Replay) -> None:
+        """Act on what a replay came to: journal its next steps, or fail, or complete."""
+        j, saga_id = self.rt.journal, saga.saga_id
         # what this replay read: the sweeper re-sends the advance while more steps have an
         # outcome than that (an outcome journaled after the read, its advance lost)
         seen = sum(Phase(r.phase) not in _PENDING for r in rows)

@@ -531,3 +531,14 @@ def current_compensation_key() -> str | None:
 
 if os.environ.get("TESTS_APP_WORKER") == "1":  # set by the fixtures for worker processes
     app, sw = build()
+
+
+# tracing (tests/integration/test_tracing.py): spans to a file; Celery's instrumentation
+if os.environ.get("TEST_SPANS_FILE"):
+    from tests.apps import spans as _spans
+
+    _spans.install(os.environ["TEST_SPANS_FILE"])
+    if os.environ.get("TEST_OTEL_CELERY") == "1":
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()
