@@ -1,6 +1,5 @@
-"""Adversarial review of ``async def`` tools on real `celery worker` processes (SPEC 13:
-"the worker runs each to completion on an event loop, with retries, time limits and
-leases as for any tool")."""
+"""``async def`` tools at their edges, on real `celery worker` processes: the worker runs
+each to completion on an event loop, with retries, time limits and leases as for any tool."""
 
 from __future__ import annotations
 

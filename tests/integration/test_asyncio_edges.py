@@ -1,4 +1,4 @@
-"""Adversarial review of the asyncio twins (SPEC 13) and call ids (SPEC 14), on a real
+"""Adversarial review of the asyncio twins and call ids, on a real
 PostgreSQL journal, no workers: each test states the behaviour the contract asks for and
 fails on the defect it names."""
 
@@ -62,7 +62,7 @@ def executed(url: str, saga_id: str, seq: int, value: int) -> None:
 def test_aresult_with_a_short_timeout_returns_a_settled_steps_value(url: str,
                                                                    timeout: float) -> None:
     """result(timeout) reads first and returns an outcome that is already journaled,
-    whatever the timeout; aresult(timeout) must too (SPEC 13: same semantics). It raises
+    whatever the timeout; aresult(timeout) must too (the same semantics as result()). It raises
     TimeoutError instead: the timeout covers the hub's registration and first read, and
     ``asyncio.timeout(0)`` cancels the wait at its first suspension, before any read."""
     sw, thing, _ = make(url)
@@ -83,7 +83,7 @@ def test_aresult_with_a_short_timeout_returns_a_settled_steps_value(url: str,
 @pytest.mark.parametrize("outcome", ["rejected", "failed"])
 def test_agent_pending_raises_what_result_raises(url: str, outcome: str) -> None:
     """AgentTools.pending on a gated call whose step was rejected (or approved, then
-    FAILED): "A rejected gate raises ApprovalRejected (a ToolFailed)", and SPEC 14 wants
+    FAILED): "A rejected gate raises ApprovalRejected (a ToolFailed)", and the agents contract wants
     the run ended with ToolFailed in its cause chain. pending() gets that by calling
     ``step.aresult(0)`` ("raises what result() raises for it"), which raises TimeoutError
     (see above): the adapter sees a timeout, with no ToolFailed in its chain."""

@@ -1,4 +1,4 @@
-"""Adversarial review of ``enqueue_call`` (SPEC 14: one tool-call id never journals a
+"""Adversarial review of ``enqueue_call`` (one tool-call id never journals a
 second step; a resumed or replayed run gets the first step's outcome), on SQLite and
 PostgreSQL."""
 
@@ -114,7 +114,7 @@ def test_an_embedded_journal_of_an_earlier_release_gets_the_call_id_index(tmp_pa
     (0007). ``metadata.create_all`` skips existing tables with their indexes, so the unique
     index ``ux_sagaworker_entries_call_id`` is never made, and ``db upgrade`` sees the head
     and makes nothing either. Racing callers with one tool-call id then journal several
-    steps (SPEC 14: "One tool-call id never journals a second step")."""
+    steps ("one tool-call id never journals a second step")."""
     from celery import Celery
     from sqlalchemy import create_engine, inspect, text
 
