@@ -92,8 +92,19 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = None
     #: beat prunes terminal sagas older than this many days, daily (None: never)
     retention_days: int | None = Field(default=None, gt=0)
+    #: the dashboard links each step of a saga's timeline to its trace: a URL with
+    #: ``{trace_id}`` (``https://tempo.example/trace/{trace_id}``); None: no links
+    trace_url: str | None = None
     #: filesystem broker folder (embedded default only)
     broker_folder: str = ".sagaworker/broker"
+
+    @field_validator("trace_url")
+    @classmethod
+    def _trace_url(cls, v: str | None) -> str | None:
+        if v and "{trace_id}" not in v:
+            raise ValueError("SAGAWORKER_TRACE_URL must hold {trace_id} where the trace's id "
+                             "goes, e.g. https://tempo.example/trace/{trace_id}")
+        return v or None
 
     @field_validator("approval_secret", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from sagaworker import (
 from sagaworker._observe.records import waiting_step
 from sagaworker._observe.visible import visible
 
+from . import chart
 from .api import auth, operator, sw_of
 from .auth import Identity
 from .queries import idle_sagas
@@ -116,7 +117,11 @@ def saga_page(saga_id: str) -> str:
     by_seq = {e.seq: e for e in rec.entries}
     undos = [TimelineUndo(i, o, by_seq.get(o.seq))
              for i, o in enumerate(rec.report.outcomes, start=1)]
-    return render_template("saga.html", rec=rec, undos=undos, waiting=waiting_step(rec))
+    _saga, rows = sw.journal.saga_and_entries(saga_id)
+    timeline = chart.render(rec.created_at, chart.rows_of(rows, datetime.now(UTC)),
+                            sw.settings.trace_url)
+    return render_template("saga.html", rec=rec, undos=undos, waiting=waiting_step(rec),
+                           timeline=timeline)
 
 
 def _short_tool(name: str) -> str:

@@ -32,6 +32,7 @@ from .journal import (
     completed,
     operators,
     order_flow,
+    run_step,
     running,
 )
 
@@ -270,3 +271,28 @@ def test_pages_keep_to_their_content_security_policy(sw: Sagaworker, tools: Tool
                  " return !!(d && d.getElementById('operator')); } catch (e) { return false; }"
                  " })()")
         assert browser.js(shown) is False  # the frame got Chromium's error page instead
+
+
+def test_timeline_screenshots(served: str, sw: Sagaworker, tools: Tools,
+                              browser: Browser) -> None:
+    """Chromium draws the timeline of a dirty saga and of a 100-step saga (screenshots in
+    tests/output/): every row laid out one under the other, each bar at least 3 px wide."""
+    saga = sw.begin("order-hundred")
+    for seq in range(1, 101):
+        saga.enqueue(tools.quote, f"{seq:05d}")
+        run_step(sw, "order-hundred", seq, seq)
+    for saga_id, name, count in (("order-1006", "timeline.png", 4),
+                                 ("order-hundred", "timeline-100.png", 100)):
+        out = screenshot(f"{served}/ui/sagas/{saga_id}", OUTPUT / name)
+        assert png_size(out) == (1400, 900)
+        assert out.stat().st_size > 20_000, out.stat().st_size
+        browser.goto(f"{served}/ui/sagas/{saga_id}")
+        tops = browser.js("[...document.querySelectorAll('#timeline .tl-row rect')]"
+                          ".map(r => r.getBoundingClientRect().top)")
+        widths = browser.js("[...document.querySelectorAll('#timeline rect.tl-bar')]"
+                            ".map(r => r.getBoundingClientRect().width)")
+        rows = browser.js("document.querySelectorAll('#timeline .tl-row').length")
+        assert rows == count
+        assert min(widths) >= 3
+        firsts = sorted(set(round(t) for t in tops))
+        assert len(firsts) == count  # one line of bars per row
