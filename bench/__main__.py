@@ -15,11 +15,12 @@ from typing import Any
 import psutil
 import psycopg
 
-from bench import aio, suites
+from bench import aio, producer, suites
 
 BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/12"}
 RESULTS = Path(__file__).resolve().parent / "results.json"
+SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "big")
 
 
 def versions() -> dict[str, str]:
@@ -44,6 +45,26 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def rabbitmq_sections(results: dict[str, Any], b: suites.Bench, a: argparse.Namespace,
+                      only: set[str], dbos_mod: Any) -> None:
+    """The sections measured on RabbitMQ only."""
+    if "producer" in only:
+        log("producer: enqueue then result()")
+        results["producer"] = producer.enqueue_then_result(b, a.producer_steps, a.rounds)
+    if "saga" in only:
+        log("saga latency")
+        results["saga"] = suites.saga_latency(b, a.sagas, a.threads, a.rounds, dbos_mod)
+    if "compensation" in only:
+        log("compensation")
+        results["compensation"] = suites.compensation(b, (1, 10, 100), a.rounds)
+    if "fanout" in only:
+        log("fan-out")
+        results["fan_out"] = suites.fan_out(b, 100, a.rounds)
+    if "asyncio" in only:
+        log("asyncio: loop stalls and waits")
+        results["asyncio"] = aio.run(b, a.rounds)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--steps", type=int, default=800, help="steps per throughput round")
@@ -57,9 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-dbos", action="store_true")
     p.add_argument("--keep-db", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections to run, of: {','.join(SECTIONS)}")
+    p.add_argument("--producer-steps", type=int, default=1500,
+                   help="steps of the enqueue-then-result measure")
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.rounds, a.sagas, a.big, a.big_steps = 100, 1, 8, "1000", 100
+        a.producer_steps = 150
+    only = {x for x in a.only.split(",") if x}
+    if only - set(SECTIONS):
+        p.error(f"--only: unknown sections {sorted(only - set(SECTIONS))}")
     run = f"{int(time.time()) % 100000}{os.getpid() % 1000}"
     results: dict[str, Any] = {"machine": machine(), "versions": versions(), "run": run,
                                "argv": sys.argv[1:], "started": time.strftime("%FT%T%z")}
@@ -68,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     db_url = suites.create_database(main_db)
     log(f"database {main_db}")
     suites.prepare_schema(db_url, BROKERS["rabbitmq"], run)
-    if not a.no_dbos:
+    if not a.no_dbos and "saga" in only:
         try:
             from bench import dbos_bench
 
@@ -80,27 +109,26 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     try:
         results["step_throughput"], results["rss_mib"] = {}, {}
-        for bname in [b for b in a.brokers.split(",") if b]:
+        brokers = [b for b in a.brokers.split(",") if b]
+        if "throughput" not in only:  # the other sections run on RabbitMQ alone
+            brokers = [b for b in brokers if b == "rabbitmq"]
+        for bname in brokers:
             log(f"{bname}: starting workers")
-            b = suites.Bench(run, bname, BROKERS[bname], db_url,
-                             ("bare", "minimal", "minimal_pf4", "sagaworker"))
+            systems = ("bare", "minimal", "minimal_pf4", "sagaworker")
+            if bname == "rabbitmq" and "saga" in only:
+                systems += ("sagaworker_published",)
+            b = suites.Bench(run, bname, BROKERS[bname], db_url, systems)
             try:
-                log(f"{bname}: step throughput")
-                results["step_throughput"][bname] = suites.step_throughput(b, a.steps, a.rounds)
-                results["rss_mib"][bname] = {"idle": b.rss_idle, "after_load": b.rss()}
+                if "throughput" in only:
+                    log(f"{bname}: step throughput")
+                    results["step_throughput"][bname] = suites.step_throughput(b, a.steps,
+                                                                               a.rounds)
+                    results["rss_mib"][bname] = {"idle": b.rss_idle, "after_load": b.rss()}
                 if bname == "rabbitmq":
-                    log("saga latency")
-                    results["saga"] = suites.saga_latency(b, a.sagas, a.threads, a.rounds,
-                                                          dbos_mod)
-                    log("compensation")
-                    results["compensation"] = suites.compensation(b, (1, 10, 100), a.rounds)
-                    log("fan-out")
-                    results["fan_out"] = suites.fan_out(b, 100, a.rounds)
-                    log("asyncio: loop stalls and waits")
-                    results["asyncio"] = aio.run(b, a.rounds)
+                    rabbitmq_sections(results, b, a, only, dbos_mod)
             finally:
                 b.close()
-        sizes = tuple(int(x) for x in a.big.split(",") if x)
+        sizes = tuple(int(x) for x in a.big.split(",") if x) if "big" in only else ()
         if sizes:
             rows_url = suites.create_database(rows_db)
             suites.prepare_schema(rows_url, BROKERS["rabbitmq"], run)
@@ -124,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"could not drop {name}: {exc}")
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     results["retried_rounds"] = suites.RETRIES
-    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    # a run of some sections only leaves the full run's file alone
+    out = RESULTS if only == set(SECTIONS) else RESULTS.with_name("results-partial.json")
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     from bench.report import render
 
     print(render(results))

@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, create_engine, text
 
-SYSTEMS = ("bare", "minimal", "minimal_pf4", "sagaworker")
+SYSTEMS = ("bare", "minimal", "minimal_pf4", "sagaworker", "sagaworker_published")
 COUNTER_REDIS = "redis://127.0.0.1:6379/13"
 
 _local: dict[str, Any] = {}
@@ -145,10 +145,12 @@ def make_system(name: str, *, broker: str, db_url: str, queue: str) -> System:
                              {"id": jid, "r": str(value)})
 
         system.tasks = {"noop": minimal_noop}
-    elif name == "sagaworker":
+    elif name.startswith("sagaworker"):
         from sagaworker import Sagaworker, Settings
 
-        settings = Settings(database_url=db_url, broker_url=broker, queue=f"{queue}.sw")
+        # sagaworker_published: eager flow steps off (every step crosses the broker)
+        settings = Settings(database_url=db_url, broker_url=broker, queue=f"{queue}.sw",
+                            eager_steps=name == "sagaworker")
         sw = Sagaworker(app, settings=settings)
         system.sw = sw
         system.tasks = _sagaworker_tools(sw)

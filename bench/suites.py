@@ -25,6 +25,11 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def spread(xs: list[float]) -> float:
+    """(max - min) / median of a figure's rounds: how steady it is."""
+    return (max(xs) - min(xs)) / median(xs) if xs and median(xs) else 0.0
+
+
 def pctl(xs: list[float], q: float) -> float:
     s = sorted(xs)
     if not s:
@@ -243,7 +248,8 @@ def saga_round_sagaworker(b: Bench, m: int, threads: int) -> dict[str, float]:
     return _run_clients(saga3, m, threads)
 
 
-def saga_round_flow(b: Bench, m: int, threads: int) -> dict[str, float]:
+def saga_round_flow(b: Bench, m: int, threads: int, system: str = "sagaworker"
+                    ) -> dict[str, float]:
     """3-step flows as a web app runs them: started (the caller returns at once), carried
     by the workers. Throughput: m flows from the first start to the last completion;
     latency: each saga's created_at -> finished_at in the journal."""
@@ -252,7 +258,7 @@ def saga_round_flow(b: Bench, m: int, threads: int) -> dict[str, float]:
     from bench.apps import bench_flow
     from sagaworker._journal.schema import sagas
 
-    sw = b.systems["sagaworker"].sw
+    sw = b.systems[system].sw
     key = b.tag("flow3")
     ids = [f"{key}-{i}" for i in range(m)]
     t0 = time.perf_counter()
@@ -281,10 +287,15 @@ def _ignore_index(fn: Callable[[str], Any], key: str, _i: int) -> None:
 def saga_latency(b: Bench, m: int, threads: int, rounds: int,
                  dbos_mod: Any) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {"sagaworker": [], "flow": []}
+    published = "sagaworker_published" in b.systems
+    if published:
+        runs["flow_published"] = []
     if dbos_mod is not None:
         runs["dbos_direct"], runs["dbos_queue"] = [], []
     saga_round_sagaworker(b, max(4, m // 10), threads)  # warm-up
     saga_round_flow(b, max(4, m // 10), threads)
+    if published:
+        saga_round_flow(b, max(4, m // 10), threads, "sagaworker_published")
     if dbos_mod is not None:
         for fn in (dbos_mod.run_direct, dbos_mod.run_queued):
             _run_clients(partial(_ignore_index, fn, "warm"), 4, threads)
@@ -293,6 +304,10 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
         runs["sagaworker"].append(retried(lambda: saga_round_sagaworker(b, m, threads),
                                           "saga sagaworker"))
         runs["flow"].append(retried(lambda: saga_round_flow(b, m, threads), "saga flow"))
+        if published:
+            runs["flow_published"].append(retried(
+                lambda: saga_round_flow(b, m, threads, "sagaworker_published"),
+                "saga flow, eager steps off"))
         if dbos_mod is not None:
             runs["dbos_direct"].append(_run_clients(lambda i: dbos_mod.run_direct(key), m,
                                                     threads))
@@ -308,12 +323,18 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
             out[f"throughput_ratio_vs_{base}"] = median(
                 [s["sagas_per_s"] / d["sagas_per_s"]
                  for s, d in zip(runs["sagaworker"], runs[base], strict=True)])
-            out[f"flow_ratio_vs_{base}"] = median(
-                [s["sagas_per_s"] / d["sagas_per_s"]
-                 for s, d in zip(runs["flow"], runs[base], strict=True)])
-    out["flow_ratio_vs_sync"] = median(
-        [f["sagas_per_s"] / s["sagas_per_s"]
-         for f, s in zip(runs["flow"], runs["sagaworker"], strict=True)])
+            for name in ("flow", "flow_published"):
+                if name in runs:
+                    out[f"{name}_ratio_vs_{base}"] = median(
+                        [s["sagas_per_s"] / d["sagas_per_s"]
+                         for s, d in zip(runs[name], runs[base], strict=True)])
+    for name in ("flow", "flow_published"):
+        if name in runs:
+            out[f"{name}_ratio_vs_sync"] = median(
+                [f["sagas_per_s"] / s["sagas_per_s"]
+                 for f, s in zip(runs[name], runs["sagaworker"], strict=True)])
+            out[f"{name}_spread"] = spread([r["sagas_per_s"] for r in runs[name]])
+    out["sync_spread"] = spread([r["sagas_per_s"] for r in runs["sagaworker"]])
     return out
 
 

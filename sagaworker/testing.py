@@ -113,7 +113,7 @@ class _InProcessBus:
         self.sw.compensator.run_chain(saga_id)
 
     def send_advance(self, saga_id: str) -> None:
-        (self.sw.executor.advance or self.sw.flows.advance)(saga_id)
+        self.sw.executor.eager.carry(saga_id)
 
     def queue_of(self, tool: str, queue: str | None) -> str | None:
         return None  # messages run at once here: no queue to wait in
@@ -158,12 +158,12 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
     sw.producer.enqueue = enqueue  # type: ignore[method-assign]
     real_advance = sw.executor.advance
 
-    def advance(saga_id: str) -> None:
+    def advance(saga_id: str, **options: Any) -> Any:
         """After every step of a flow: replay it (dry) and note any divergence first."""
         problem = replay_problem(sw, saga_id)
         if problem is not None:
             plan.divergences.append(problem)
-        (real_advance or sw.flows.advance)(saga_id)
+        return (real_advance or sw.flows.advance)(saga_id, **options)
 
     sw.executor.advance = advance
     try:

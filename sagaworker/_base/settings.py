@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     max_args_bytes: int = Field(default=256 * 1024, gt=0)
     #: how long an INTENT may stay unstarted before the relay publishes it again
     relay_after: float = Field(default=30, gt=0)
+    #: a worker that advances a flow runs the flow's next step itself when it can (no
+    #: broker round trip, journaled the same); False: every step is published
+    eager_steps: bool = True
     #: how often every worker runs the sweeper on its own timer (0 disables it)
     sweep_interval: float = Field(default=15, ge=0)
     #: Prometheus metrics port a worker serves (0: off)

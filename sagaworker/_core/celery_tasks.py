@@ -18,6 +18,7 @@ from .._observe.process import active_values
 from .._observe.sanitize import celery_safe
 from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
+from .._worker.execution import Executor
 from .._worker.flows import Flows
 
 __all__ = ["register_tasks"]
@@ -30,6 +31,7 @@ class Parts(Protocol):
     compensator: Compensator
     flows: Flows
     sweeper: Sweeper
+    executor: Executor
 
     @property
     def settings(self) -> Settings: ...
@@ -75,7 +77,8 @@ def add_advance(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.advance", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def advance(self: Any, saga_id: str) -> None:
         with _context(self):
-            _safe(parts, lambda: parts.flows.advance(saga_id))
+            # the advance may run the flow's next step here (eager steps)
+            _safe(parts, lambda: parts.executor.eager.carry(saga_id, carrier=self))
 
     return advance
 

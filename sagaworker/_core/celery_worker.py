@@ -133,6 +133,12 @@ class WorkerStartup:
             # restore ours: the consumer is not built yet, so this still takes effect
             log.warning("prefetch_multiplier_overridden", requested=prefetch, applied=1)
             sender.prefetch_multiplier = 1
+        # the queues this worker consumes (`-Q`, else every queue the app declares): a
+        # flow's next step of one of them may run here (eager steps); inherited by forks
+        try:
+            self.sw.executor.eager.consuming = frozenset(self.app.amqp.queues.consume_from)
+        except Exception as exc:  # eager steps off: every step is published
+            log.warning("eager_steps_off", error=f"{type(exc).__name__}: {exc}"[:200])
 
     def _on_setup_logging(self, **_: Any) -> None:
         s = self.sw.settings

@@ -35,6 +35,8 @@ class NewEntry:
     approval_nonce: str | None = None
     call_id: str | None = None  # the caller's id for it (an agent's tool-call id)
     trace_context: str | None = None  # its enqueue span's (tracing), journaled with it
+    #: not published: the worker that journaled it runs it itself (an eager flow step)
+    held: bool = False
 
 
 class JournalReads:

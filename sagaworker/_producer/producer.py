@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._base.canonical import args_digest, bad_argument, canonical_args, check_size, storable
@@ -21,9 +21,11 @@ from .._observe.logging import get_logger
 from .._observe.redact import redact_call
 from .approvals import signer_for
 
-__all__ = ["Producer"]
+__all__ = ["Hold", "Producer"]
 
 log = get_logger()
+#: which of the steps a flow's advance journals the worker keeps to run itself
+Hold = Callable[[NewEntry], bool]
 
 
 class Producer:
@@ -69,14 +71,18 @@ class Producer:
 
     def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
                 *, expect_seq: int | None = None, seen: int | None = None,
-                tx: AppTx | None = None, parent: str | None = None
-                ) -> list[tuple[int, NewEntry]]:
+                tx: AppTx | None = None, parent: str | None = None,
+                hold: Hold | None = None) -> list[tuple[int, NewEntry]]:
         """Journal the steps (one transaction: ``tx``, the caller's, if given), then
-        publish the ungated ones (once ``tx`` committed). Traced: each in an enqueue span,
-        the child of ``parent`` (the saga's journaled context) or of the current span."""
+        publish the ungated ones (once ``tx`` committed) but those ``hold`` keeps (the
+        caller runs them: if it cannot, the relay publishes them). Traced: each in an
+        enqueue span, the child of ``parent`` (the saga's journaled context) or of the
+        current span."""
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
+        if hold is not None:
+            new = [dataclasses.replace(e, held=True) if hold(e) else e for e in new]
         spans = tracing.enqueue_spans(saga_id, [e.tool_name for e in new], parent)
         if spans is None:
             return self._journal(saga_id, new, expect_seq, seen, tx, None)
@@ -159,12 +165,13 @@ class Producer:
         """A journaled step's log lines, and its publish unless it waits at a gate."""
         log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                  task_id=e.task_id, **({"call_id": e.call_id} if e.call_id else {}),
+                 **({"eager": True} if e.held else {}),
                  kwargs=redact_call(self.resolve(e.tool_name).signature, e.args, e.kwargs,
                                     self.rt.settings.redact_keys)[1])
         if e.gated:
             log.info("approval_requested", saga_id=saga_id, seq=seq, tool=e.tool_name,
                      approver=None)
-        else:
+        elif not e.held:
             self.publish(saga_id, seq, e.tool_name, e.args, e.kwargs, e.task_id, e.queue)
 
     def publish(self, saga_id: str, seq: int, tool: str, args: list[Any],

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextvars
-import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +25,8 @@ from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
 from .._producer.deadlines import deadline_passed
+from .eager import Advance, Eager
+from .heartbeat import Heartbeat
 
 __all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
 
@@ -143,12 +143,13 @@ class Failures:
 
 
 class Executor:
-    def __init__(self, rt: Runtime, *, advance: Callable[[str], None] | None = None) -> None:
+    def __init__(self, rt: Runtime, *, advance: Advance | None = None) -> None:
         self.rt = rt
         self.failures = Failures(rt, self.fail_step)
         self.heartbeat = Heartbeat(rt)
         #: called with a flow saga's id once one of its steps is EXECUTED
         self.advance = advance
+        self.eager = Eager(self)
 
     def run(self, task: ToolTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = task.sagaworker_spec
@@ -177,19 +178,30 @@ class Executor:
 
     def _run(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One delivery: claim the step, run the tool, journal its outcome."""
+        """One delivery: claim the step, run the tool, journal its outcome; then carry
+        its flow on (the next step may run here: ``Eager``)."""
+        if self.run_step(spec, saga_id, seq, task.request.id, args, kwargs):
+            self.eager.carry(saga_id, carrier=task)
+        return None
+
+    def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
+                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False) -> bool:
+        """Claim, run, journal the outcome: True when the step is EXECUTED in a flow that
+        the caller is to advance. What the tool raises goes on to Celery (its retries,
+        then FAILED in ``on_failure``); run ``eager``ly (no Celery request), it makes the
+        step FAILED here: eager steps are only tools without Celery retries."""
         token = new_token()
         started = time.time_ns()
         claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
                                             worker=worker_label(),
-                                            idempotent=spec.idempotent,
-                                            task_id=task.request.id)
+                                            idempotent=spec.idempotent, task_id=task_id)
         if not self._runs(claim, spec, saga_id, seq):
-            return None
+            return False
         # traced: the run's span, from the claim on, is the child of the step's journaled
         # enqueue span (however the message came: the producer, the relay, the sweeper)
         span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
                                  claim.row.trace_context, started)
+        advance = False
         try:
             with span.current():
                 if claim.rerun:
@@ -198,23 +210,27 @@ class Executor:
                 problem = self._verify(spec, claim.row, args, kwargs)
                 if problem is not None:
                     span.outcome("failed", problem)
-                    self.fail_step(saga_id, seq, spec.name, token, problem,
-                                   task_id=task.request.id)
+                    self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task_id)
                 else:
-                    value, duration_ms = self._attempt(task, spec, saga_id, seq, token,
+                    value, duration_ms = self._attempt(task_id, spec, saga_id, seq, token,
                                                        args, kwargs)
-                    self._journal_outcome(task, spec, saga_id, seq, token, claim.attempt,
-                                          value, duration_ms, span)
+                    advance = self._journal_outcome(task_id, spec, saga_id, seq, token,
+                                                    claim.attempt, value, duration_ms, span)
         except Exception as exc:
             span.fail(exc, None if span.span is None else error_text(
                 exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+            if eager:  # no Celery verdict follows: the tool's exception is its last word
+                span.outcome("failed" if self.failures.gave_up(
+                    task_id, spec, exc, args, kwargs) else "raised")
+                span.end()
+                return False
             if isinstance(exc, Reject | Ignore):  # no verdict of Celery's follows these
                 span.end()
             else:  # Celery's verdict (a retry, or FAILED in on_failure) ends the span
-                tracing.park(task.request.id, span)
+                tracing.park(task_id, span)
             raise
         span.end()
-        return None
+        return advance
 
     def _runs(self, claim: Claim, spec: ToolSpec, saga_id: str, seq: int) -> bool:
         """True when this delivery runs the tool; otherwise says (and does) why not."""
@@ -241,8 +257,8 @@ class Executor:
             return False
         return True
 
-    def _attempt(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int, token: str,
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, float]:
+    def _attempt(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
+                 args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
         """Run the tool under its lease (kept fresh by the heartbeat): its value and
         duration. An exception goes through ``failures`` and on to Celery."""
         key = _current_key.set(idempotency_key(saga_id, seq, "execute"))
@@ -253,17 +269,17 @@ class Executor:
             value = settle(spec.fn(*args, **kwargs))
         except Exception as exc:
             self.heartbeat.drop(held)
-            self.failures.raised(task.request.id, spec, saga_id, seq, token, exc, args,
-                                 kwargs)
+            self.failures.raised(task_id, spec, saga_id, seq, token, exc, args, kwargs)
             raise
         finally:
             _current_key.reset(key)
             self.heartbeat.drop(held)
         return value, round((time.perf_counter() - started) * 1000, 3)
 
-    def _journal_outcome(self, task: ToolTask, spec: ToolSpec, saga_id: str, seq: int,
+    def _journal_outcome(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int,
                          token: str, attempt: int, value: Any, duration_ms: float,
-                         span: tracing.Spanned) -> None:
+                         span: tracing.Spanned) -> bool:
+        """Journal the attempt's outcome; True when its flow is to be advanced."""
         rt = self.rt
         # The effect happened: a result that cannot be journaled still makes the step
         # EXECUTED (so its undo runs), with the error saying why its result is missing.
@@ -280,28 +296,25 @@ class Executor:
             log.error("step_outcome_fenced", attempt=attempt, duration_ms=duration_ms,
                       detail="this attempt's lease lapsed and the entry moved on; its "
                              "effect happened and is not journaled")
-            return
+            return False
         # an earlier attempt's note (a retry that then succeeded) is of no use now; a note
         # is fenced by its token anyway, so a stale one can never fail a newer attempt
-        self.failures.forget(task.request.id)
+        self.failures.forget(task_id)
         if error is not None:  # the saga was asked to fail with the outcome
             log.warning("step_failed", error=error, executed=True)
             self._after_outcome(saga_id, outcome.status, reason)
-            return
+            return False
         log.info("step_executed", duration_ms=duration_ms, attempt=attempt)
         if outcome.status is SagaStatus.COMPENSATING:
             rt.bus.send_compensate(saga_id)  # a late arrival: the chain undoes it first
-        elif outcome.flow is not None and self.advance is not None:
-            # The flow moves on here, in the worker that journaled the outcome: no message
-            # and no polling. Lost with this worker, the sweeper sends the advance again.
-            try:
-                self.advance(saga_id)
-            except Exception as exc:
-                log.error("flow_advance_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        # The flow moves on in the worker that journaled the outcome: no message and no
+        # polling. Lost with this worker, the sweeper sends the advance again.
+        return outcome.flow is not None and self.advance is not None
 
     def _verify(self, spec: ToolSpec, row: Any, args: Any, kwargs: Any) -> str | None:
         try:
-            sent = args_digest(args, kwargs)
+            sent = args_digest(list(args), kwargs)
         except (TypeError, ValueError) as exc:
             return f"arguments are not JSON: {exc}"
         if spec.gated:
@@ -345,43 +358,3 @@ def _envelope(env: Any) -> tuple[str, int]:
         raise BadInput(f"malformed sagaworker envelope {env!r}: saga_id must be a str "
                        "and seq an int")
     return saga_id, seq
-
-
-class Heartbeat:
-    """Keeps the leases of running attempts and undos fresh, so a long tool or undo is
-    never taken for dead (and never run a second time beside itself).
-
-    One daemon thread per process, started on first use and again after a fork (prefork
-    children inherit no threads). Each lease is held by its token: a beat for an attempt
-    that has released or been fenced out matches nothing.
-    """
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.held: set[Held] = set()
-        self.lock = threading.Lock()
-        self.pid = 0
-
-    def hold(self, item: Held) -> None:
-        with self.lock:
-            self.held.add(item)
-            if self.pid != os.getpid():
-                self.pid = os.getpid()
-                threading.Thread(target=self._beat, daemon=True,
-                                 name="sagaworker-heartbeat").start()
-
-    def drop(self, item: Held) -> None:
-        with self.lock:
-            self.held.discard(item)
-
-    def _beat(self) -> None:
-        me = os.getpid()
-        while self.pid == me:
-            time.sleep(max(self.rt.settings.lease_seconds / 3, 0.2))
-            with self.lock:
-                held = sorted(self.held)
-            if held:
-                try:
-                    self.rt.machine.heartbeat(held)
-                except Exception as exc:  # the next beat tries again
-                    log.warning("heartbeat_failed", error=str(exc)[:200])

@@ -33,11 +33,12 @@ from .._base.errors import (
 )
 from .._base.types import OPEN, Phase, SagaStatus
 from .._journal.app_tx import AppTx
+from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call, scrub_text, secret_values
-from .._producer.producer import Producer
+from .._producer.producer import Hold, Producer
 from .._producer.saga import saga_secrets
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
@@ -287,23 +288,25 @@ class Flows:
 
     # -- the replay -----------------------------------------------------------------------
 
-    def advance(self, saga_id: str) -> None:
-        """Replay the flow from the journal and move it on; idempotent."""
+    def advance(self, saga_id: str, hold: Hold | None = None) -> list[tuple[int, NewEntry]]:
+        """Replay the flow from the journal and move it on; idempotent. The next steps
+        ``hold`` keeps are journaled but not published: returned, for the caller (the
+        worker) to run them itself (eager steps)."""
         with structlog.contextvars.bound_contextvars(saga_id=saga_id):
-            self._advance(saga_id)
+            return self._advance(saga_id, hold)
 
-    def _advance(self, saga_id: str) -> None:
+    def _advance(self, saga_id: str, hold: Hold | None) -> list[tuple[int, NewEntry]]:
         j = self.rt.journal
         saga, rows = j.saga_and_entries(saga_id)
         if saga is None or saga.flow is None:
-            return
+            return []
         if SagaStatus(saga.status) not in OPEN or saga.fail_requested_at is not None:
-            return  # failures end the flow: compensation runs, the flow is not advanced
+            return []  # failures end the flow: compensation runs, the flow is not advanced
         spec = self.specs.get(saga.flow)
         if spec is None:
             log.error("flow_unknown", flow=saga.flow,
                       detail="this worker does not know the flow; the sweeper sends it again")
-            return
+            return []
         # traced: a child of the saga's start span, whichever message or worker advanced it
         with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
                           flow=spec.name) as s:
@@ -311,9 +314,10 @@ class Flows:
             # (no text of the flow's in the status: its reason may quote a secret)
             s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not isinstance(
                 run.error, ToolFailed) else None)
-            self._move(spec, saga, rows, run)
+            return self._move(spec, saga, rows, run, hold) or []
 
-    def _move(self, spec: FlowSpec, saga: Any, rows: list[Any], run: Replay) -> None:
+    def _move(self, spec: FlowSpec, saga: Any, rows: list[Any], run: Replay,
+              hold: Hold | None = None) -> list[tuple[int, NewEntry]] | None:
         """Act on what a replay came to: journal its next steps, or fail, or complete."""
         j, saga_id = self.rt.journal, saga.saga_id
         # what this replay read: the sweeper re-sends the advance while more steps have an
@@ -323,47 +327,50 @@ class Flows:
             # journaling the next steps also records ``seen`` (one transaction); a replay
             # that only waits on a running step or a gate records it alone
             if run.ctx.new:
-                self._journal_new(saga_id, run.ctx, saga.last_seq, seen)
-            else:
-                j.mark_advanced(saga_id, seen)
-            return
+                return self._journal_new(saga_id, run.ctx, saga.last_seq, seen, hold)
+            j.mark_advanced(saga_id, seen)
+            return None
         if run.kind == "diverged":
             self._fail(saga_id, self._scrubbed(spec, saga, run.detail), event="flow_diverged")
-            return
+            return None
         if run.kind == "raised":
             exc = run.error
             if isinstance(exc, ToolFailed):
-                return  # that step's failure already fails the saga
+                return None  # that step's failure already fails the saga
             what = (f"{type(exc).__name__}: {exc}" if isinstance(exc, SagaworkerError)
                     else f"the flow raised {type(exc).__name__}: {exc}")
             self._fail(saga_id, self._scrubbed(spec, saga, what))
-            return
+            return None
         value = run.value
         try:
             check_json(value, f"the return value of flow {spec.name!r}")
         except BadInput as exc:
             self._fail(saga_id, str(exc))
-            return
+            return None
         if any(Phase(r.phase) in _PENDING for r in rows):
             j.mark_advanced(saga_id, seen)
-            return  # an enqueued step still runs: its outcome advances the flow again
+            return None  # an enqueued step still runs: its outcome advances the flow again
         try:
             self.rt.machine.complete(saga_id, result=value)
         except SagaworkerError as exc:
             log.info("flow_not_completed", detail=str(exc))
-            return
+            return None
         log.info("saga_completed", flow=spec.name)
+        return None
 
-    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int) -> None:
-        if not ctx.new:
-            return
+    def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int,
+                     hold: Hold | None = None) -> list[tuple[int, NewEntry]]:
         try:
             # journaled only if the journal is still what this replay saw (last_seq)
-            self.producer.enqueue(saga_id, ctx.new, expect_seq=last_seq, seen=seen)
+            done = self.producer.enqueue(saga_id, ctx.new, expect_seq=last_seq, seen=seen,
+                                         hold=hold)
         except BadInput as exc:
             self._fail(saga_id, str(exc))
+            return []
         except SagaworkerError as exc:
             log.info("flow_not_advanced", detail=str(exc))
+            return []
+        return [(seq, e) for seq, e in done if e.held]
 
     def _scrubbed(self, spec: FlowSpec, saga: Any, text: str) -> str:
         """An error the flow's code raised, without the values of its redacted parameters

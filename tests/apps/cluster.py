@@ -196,7 +196,22 @@ def pays_then_raises(s: FlowContext, key: str, cc: str) -> None:
     raise RuntimeError(f"shipping failed after paying with {cc}")
 
 
-FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises)
+def idem_flow(s: FlowContext, key: str, sleep: float = 0.0) -> list[Any]:
+    """a, then the idempotent b (``sleep`` seconds), then c."""
+    return [s.call("tests.apps.cluster.step", key, "a"),
+            s.call("tests.apps.cluster.idem", key, "b", sleep=sleep),
+            s.call("tests.apps.cluster.step", key, "c")]
+
+
+def retried_flow(s: FlowContext, key: str) -> list[Any]:
+    """a, then b of a tool Celery retries (it fails once), then c."""
+    return [s.call("tests.apps.cluster.step", key, "a"),
+            s.call("tests.apps.cluster.retried", key, "b", 1),
+            s.call("tests.apps.cluster.step", key, "c")]
+
+
+FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
+         idem_flow, retried_flow)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -542,3 +557,4 @@ if os.environ.get("TEST_SPANS_FILE"):
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
         CeleryInstrumentor().instrument()
+

@@ -24,7 +24,7 @@ import itertools
 import uuid
 from collections import Counter
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from hypothesis import strategies as st
@@ -324,6 +324,27 @@ class JournalMachine(RuleBasedStateMachine):
         saga_id, ctx, last_seq, seen = self.replays.pop(i % len(self.replays))
         with bound(saga_id):  # (one that finds the journal moved on journals nothing)
             self.sw.flows._journal_new(saga_id, ctx, last_seq, seen)
+
+    @precondition(lambda self: any(m[0] == "advance" for m in self.bus.messages))
+    @rule(i=st.integers(0, 50), claim=st.booleans())
+    def advance_eager(self, i: int, claim: bool) -> None:
+        """A worker advances a flow and keeps its next step to run itself (an eager step):
+        journaled, never published; ``claim``: it claims it at once, else it dies between
+        the INTENT's commit and the claim (the relay must publish the step)."""
+        msg = self.pick(i, [m for m in self.bus.messages if m[0] == "advance"])
+        self.bus.messages.remove(msg)
+        eager = self.sw.executor.eager
+        eager.consuming = frozenset([cast(str, None)])  # (the model's bus routes to None)
+        n = len(self.bus.messages)
+        with bound(msg[1]):
+            held = self.sw.flows.advance(msg[1], hold=eager._one())
+        assert len(held) <= 1, "an advance kept more than one step for its one slot"
+        for seq, _ in held:
+            assert not [m for m in self.bus.messages[n:] if m[:3] == ("step", msg[1], seq)], (
+                "a step kept to run eagerly was published too")
+        if held and claim:
+            seq, e = held[0]
+            self._claim(msg[1], seq, e.tool_name)
 
     # -- workers: forward attempts ---------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""What a producer pays, measured as a user calls it: one thread enqueues N steps over N/30
+sagas (``saga.enqueue``, each call timed), then calls ``step.result()`` on each in order;
+the minimal journal does the same (INSERT+commit+confirmed publish per step, then one
+``SELECT phase`` per step until it reads EXECUTED, polled as ``result()`` would)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import text
+
+from bench.apps import _engine, counter, minimal_enqueue
+
+__all__ = ["enqueue_then_result"]
+
+
+def _sagaworker(b: Any, n: int, per_saga: int) -> dict[str, float]:
+    system = b.systems["sagaworker"]
+    sw, noop = system.sw, system.tasks["noop"]
+    key = b.tag("etr")
+    sagas = [sw.begin(f"{key}-{i}") for i in range(max(1, n // per_saga))]
+    lat: list[float] = []
+    steps = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        steps.append(sagas[i % len(sagas)].enqueue(noop, key))
+        lat.append(time.perf_counter() - t)
+    t1 = time.perf_counter()
+    for s in steps:
+        s.result(timeout=120)
+    t2 = time.perf_counter()
+    counter().delete(key)
+    return _figures(n, t0, t1, t2, lat)
+
+
+def _minimal(b: Any, n: int) -> dict[str, float]:
+    system = b.systems["minimal"]
+    key = b.tag("etr-min")
+    lat: list[float] = []
+    ids = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        ids.append(minimal_enqueue(system, key))
+        lat.append(time.perf_counter() - t)
+    t1 = time.perf_counter()
+    q = text("SELECT phase FROM bench_minimal WHERE id = :id")
+    eng = _engine(system.db_url)
+    for jid in ids:
+        delay = 0.005
+        while True:
+            with eng.connect() as conn:
+                if conn.execute(q, {"id": jid}).scalar_one() == "EXECUTED":
+                    break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    t2 = time.perf_counter()
+    counter().delete(key)
+    return _figures(n, t0, t1, t2, lat)
+
+
+def _figures(n: int, t0: float, t1: float, t2: float, lat: list[float]) -> dict[str, float]:
+    lat = sorted(lat)
+    return {"steps_per_s": n / (t2 - t0), "enqueue_s": t1 - t0, "results_s": t2 - t1,
+            "enqueue_ms_p50": lat[len(lat) // 2] * 1000,
+            "enqueue_ms_mean": sum(lat) / len(lat) * 1000}
+
+
+def enqueue_then_result(b: Any, n: int, rounds: int, per_saga: int = 30) -> dict[str, Any]:
+    """Both forms in alternating order each round; ratios are medians of per-round ratios."""
+    from bench.suites import median, retried
+
+    runs: dict[str, list[dict[str, float]]] = {"sagaworker": [], "minimal": []}
+    _sagaworker(b, max(30, n // 10), per_saga)  # warm-up
+    _minimal(b, max(30, n // 10))
+    for r in range(rounds):
+        order = ["sagaworker", "minimal"] if r % 2 == 0 else ["minimal", "sagaworker"]
+        for name in order:
+            fn = ((lambda: _sagaworker(b, n, per_saga)) if name == "sagaworker"
+                  else (lambda: _minimal(b, n)))
+            runs[name].append(retried(fn, f"enqueue then result ({name})"))
+    out: dict[str, Any] = {"steps": n, "sagas": max(1, n // per_saga), "systems": {
+        name: {k: median([x[k] for x in rs]) for k in rs[0]} for name, rs in runs.items()}}
+    pairs = list(zip(runs["sagaworker"], runs["minimal"], strict=True))
+    out["ratio_vs_minimal"] = median([s["steps_per_s"] / m["steps_per_s"] for s, m in pairs])
+    out["enqueue_latency_vs_minimal"] = median(
+        [s["enqueue_ms_mean"] / m["enqueue_ms_mean"] for s, m in pairs])
+    return out

@@ -1,0 +1,129 @@
+"""Eager flow steps: the worker that advances a flow runs the next step itself.
+
+When a worker journals a flow step's EXECUTED, it replays the flow at once; if the replay
+asks for a step of a queue this worker consumes, that step is journaled (INTENT) but not
+published, and run here, in the slot the finished step frees: claimed, run and journaled
+exactly as a delivered message would be (the same compare-and-sets, the same lease), with
+no broker round trip. A kill at any point leaves it where the journal says: an INTENT
+never claimed is published by the outbox relay, a claimed attempt whose lease lapsed is
+delivered again by the sweeper (the claim decides: re-run an idempotent tool, or in
+doubt), an outcome whose advance was lost is advanced again by the sweeper.
+
+A step is run eagerly only where that changes nothing a Celery user configured: its tool
+has no Celery retries (``autoretry_for``), no time limit and no rate limit (the worker
+enforces those on messages), the message that carries the chain has no time limit, the
+step waits at no gate, and the chain is short (at most ``MAX_STEPS`` steps or
+``MAX_SECONDS`` seconds per delivery, so one flow never holds a slot for long). Anything
+else is published as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import structlog
+from kombu.utils.json import dumps, loads
+
+from .._base.registry import ToolSpec
+from .._journal.reads import NewEntry
+from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
+
+__all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "Runner"]
+
+log = get_logger()
+#: a flow's advance: its saga id, and which of the new steps this worker keeps to run
+Advance = Callable[..., Any]
+MAX_STEPS = 32
+MAX_SECONDS = 10.0
+
+
+class Runner(Protocol):
+    """What eager steps need of the executor."""
+
+    rt: Runtime
+    advance: Advance | None
+
+    def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
+                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False
+                 ) -> bool: ...
+
+
+class Eager:
+    """Carries a flow on from the worker that journaled one of its outcomes."""
+
+    def __init__(self, executor: Runner) -> None:
+        self.x = executor
+        #: the queues this worker process consumes; None outside a worker
+        self.consuming: frozenset[str] | None = None
+
+    def carry(self, saga_id: str, *, carrier: Any = None) -> None:
+        """Advance the flow; while the advance hands this worker a step, run it and
+        advance again. ``carrier``: the Celery task whose delivery this runs in."""
+        advance = self.x.advance
+        if advance is None:
+            return
+        until = time.monotonic() + MAX_SECONDS
+        open_ = self.consuming is not None and self.x.rt.settings.eager_steps and not (
+            carrier is not None and _limited(carrier))
+        for n in range(MAX_STEPS + 1):
+            keep = open_ and n < MAX_STEPS and time.monotonic() < until
+            try:
+                held = advance(saga_id, hold=self._one() if keep else None)
+            except Exception as exc:
+                log.error("flow_advance_failed", saga_id=saga_id,
+                          error=f"{type(exc).__name__}: {exc}")
+                return
+            if not held or not self._run(saga_id, *held[0]):
+                return
+
+    def _one(self) -> Callable[[NewEntry], bool]:
+        """Keeps the first of the new steps that this worker may run (one slot: this)."""
+        kept: list[NewEntry] = []
+
+        def hold(e: NewEntry) -> bool:
+            if kept or not self.eligible(e):
+                return False
+            kept.append(e)
+            return True
+
+        return hold
+
+    def eligible(self, e: NewEntry) -> bool:
+        x = self.x
+        spec = x.rt.registry.tool(e.tool_name)
+        if spec is None or e.gated or self.consuming is None:
+            return False
+        task = spec.task
+        conf = task.app.conf
+        if (getattr(task, "autoretry_for", None) or task.time_limit or task.soft_time_limit
+                or task.rate_limit or conf.task_time_limit or conf.task_soft_time_limit
+                or conf.task_default_rate_limit):
+            return False
+        return x.rt.bus.queue_of(e.tool_name, e.queue) in self.consuming
+
+    def _run(self, saga_id: str, seq: int, e: NewEntry) -> bool:
+        """Run one held step here: True when it is EXECUTED and its flow to advance."""
+        spec = self.x.rt.registry.tool(e.tool_name)
+        if spec is None:  # (eligible() saw it registered)
+            return False
+        # the arguments as a message would carry them (Celery's JSON), so a tool sees the
+        # same values however its step reached it
+        args, kwargs = loads(dumps([e.args, e.kwargs]))  # type: ignore[no-untyped-call]
+        with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=spec.name,
+                                                     task_id=e.task_id, eager=True):
+            try:
+                return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
+                                       eager=True)
+            except Exception as exc:  # the journal holds where it stopped: recovery takes it
+                log.error("eager_step_interrupted", error=f"{type(exc).__name__}: {exc}"[:300],
+                          detail="the relay or the sweeper sends the step from the journal")
+                return False
+
+
+def _limited(task: Any) -> bool:
+    """The delivery ``task`` runs in has a time limit (the chain must not outlive it)."""
+    limits = getattr(task.request, "timelimit", None) or (None, None)
+    return bool(any(limits) or task.time_limit or task.soft_time_limit)
