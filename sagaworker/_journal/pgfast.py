@@ -32,7 +32,8 @@ from .._base.crypto import SealedJSON
 from .._base.types import OPEN, Phase
 from .schema import entries, sagas
 
-__all__ = ["Claimed", "claim", "enabled", "executed", "intent", "intent_seq", "settle"]
+__all__ = ["Claimed", "UndoRow", "claim", "enabled", "executed", "intent", "intent_seq",
+           "settle", "undo_next"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -48,6 +49,22 @@ class Claimed(NamedTuple):
     approved_by: str | None = None
     approved_digest: str | None = None
     trace_context: str | None = None  # the step's enqueue span's (tracing)
+
+
+class UndoRow(NamedTuple):
+    """The entry whose undo the chain claimed, as the chain reads it (decrypted)."""
+
+    seq: int
+    tool_name: str
+    args: Any
+    kwargs: Any
+    result: Any
+    span_context: str | None
+    exec_order: int
+    compensation_attempts: int
+    undo_token: str
+    reason: str | None  # the saga's (its failure reason) and its start span's context
+    trace_context: str | None
 
 
 def enabled(engine: Engine) -> bool:
@@ -198,44 +215,101 @@ def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
 
 
 @functools.cache
-def _intent_sql(gated: bool, traced: bool) -> str:
+def _intent_sql(gated: bool, traced: bool, flow: bool = False, claim: bool = False) -> str:
     status = ", status = 'AWAITING_APPROVAL'" if gated else ""
     # the enqueue span's context only when it was traced: else the statement is unchanged
     column, value = (", trace_context", ", %(trace)s") if traced else ("", "")
+    # a flow's replay: only if the journal is still what it read, and what it read noted
+    advanced = (", advanced_at = statement_timestamp(), advanced_seen = %(seen)s, "
+                "resends = 0, resend_at = NULL") if flow else ""
+    expect = " AND last_seq = %(expect)s" if flow else ""
+    # an eager step: claimed by this statement unless the saga's deadline passed (then
+    # the claim's own path finds it so and fails the saga)
+    live = ", (deadline_at IS NULL OR deadline_at > statement_timestamp()) AS live"
+    attempts, claimed, claims = "0", "", ""
+    if claim:
+        attempts = "CASE WHEN live THEN 1 ELSE 0 END"
+        claimed = ", started_at, lease_until, worker, attempt_token"
+        claims = (", CASE WHEN live THEN statement_timestamp() END, CASE WHEN live THEN "
+                  "statement_timestamp() + make_interval(secs => %(lease)s::double precision)"
+                  " END, CASE WHEN live THEN %(worker)s END, CASE WHEN live THEN %(token)s END")
     return f"""
 WITH bump AS (
-    UPDATE {_S} SET last_seq = last_seq + 1, updated_at = statement_timestamp(){status}
-    WHERE saga_id = %(saga)s AND status IN ({_OPEN}) AND fail_requested_at IS NULL
-    RETURNING last_seq)
+    UPDATE {_S} SET last_seq = last_seq + 1, updated_at = statement_timestamp(){status}{advanced}
+    WHERE saga_id = %(saga)s AND status IN ({_OPEN}) AND fail_requested_at IS NULL{expect}
+    RETURNING last_seq{live})
 INSERT INTO {_E} (saga_id, seq, tool_name, phase, args, kwargs, args_digest, queue,
                   task_id, attempts, created_at, updated_at, in_doubt,
-                  compensation_attempts, approval_nonce, approval_requested_at{column})
+                  compensation_attempts, approval_nonce, approval_requested_at{column}{claimed})
 SELECT %(saga)s, last_seq, %(tool)s, %(phase)s, %(args)s, %(kwargs)s, %(digest)s,
-       %(queue)s, %(task_id)s, 0, statement_timestamp(), statement_timestamp(), false, 0,
-       %(nonce)s, {"statement_timestamp()" if gated else "NULL"}{value}
+       %(queue)s, %(task_id)s, {attempts}, statement_timestamp(), statement_timestamp(),
+       false, 0, %(nonce)s, {"statement_timestamp()" if gated else "NULL"}{value}{claims}
 FROM bump
-RETURNING seq
+RETURNING seq, attempt_token
 """
 
 
 def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
            kwargs: dict[str, Any], digest: str, queue: str | None, task_id: str,
-           gated: bool, nonce: str | None, trace_context: str | None = None) -> int | None:
-    """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump; the seq,
-    or None when the saga takes no new steps."""
+           gated: bool, nonce: str | None, trace_context: str | None = None,
+           expect: int | None = None, seen: int | None = None,
+           claim: tuple[str, str, float] | None = None) -> tuple[int, bool] | None:
+    """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump: (seq,
+    claimed), or None when the saga takes no new steps. ``expect``/``seen``: a flow's
+    replay (``Journal.add_entries``); ``claim`` (token, worker, lease): an eager step,
+    claimed in the same statement (``claimed``) unless the saga's deadline passed."""
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
-    row = _run(engine, _intent_sql(gated, trace_context is not None), {
+    token, worker, lease = claim or (None, None, 0.0)
+    row = _run(engine, _intent_sql(gated, trace_context is not None, expect is not None,
+                                   claim is not None and not gated), {
         "saga": saga_id, "tool": tool, "phase": phase,
         "args": _json(engine, "args", args), "kwargs": _json(engine, "kwargs", kwargs),
         "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
-        "trace": trace_context})
-    return None if row is None else int(row[0])
+        "trace": trace_context, "expect": expect, "seen": seen, "token": token,
+        "worker": worker, "lease": lease})
+    return None if row is None else (int(row[0]), token is not None and row[1] == token)
 
 
-_INTENT_SEQ = f"SELECT seq FROM {_E} WHERE saga_id = %(saga)s AND task_id = %(task_id)s"
+_INTENT_SEQ = (f"SELECT seq, attempt_token FROM {_E} WHERE saga_id = %(saga)s "
+               "AND task_id = %(task_id)s")
 
 
-def intent_seq(engine: Engine, saga_id: str, task_id: str) -> int | None:
-    """The seq of the INTENT journaled with this task id, if that statement committed."""
+def intent_seq(engine: Engine, saga_id: str, task_id: str) -> tuple[int, str | None] | None:
+    """The seq (and the claim's token) of the INTENT journaled with this task id, if that
+    statement committed."""
     row = _run(engine, _INTENT_SEQ, {"saga": saga_id, "task_id": task_id})
-    return None if row is None else int(row[0])
+    return None if row is None else (int(row[0]), row[1])
+
+
+# (the function: migration 0009; a saga's reason and start span do not change while it
+# compensates, so reading them beside the function's row is reading them after it)
+_UNDO_NEXT = f"""
+SELECT e.seq, e.tool_name, e.args, e.kwargs, e.result, e.span_context, e.exec_order,
+       e.compensation_attempts, e.undo_token, s.reason, s.trace_context
+FROM sagaworker_undo_next(%(saga)s, %(seq)s, %(result)s, %(detail)s, %(attempts)s,
+                          %(token)s, %(next)s, %(lease)s, %(worker)s) AS e
+JOIN {_S} AS s ON s.saga_id = e.saga_id
+"""
+
+
+def undo_next(engine: Engine, *, saga_id: str, seq: int, result: str, detail: str | None,
+              attempts: int, token: str, next_token: str, lease: float,
+              worker: str) -> UndoRow | None:
+    """Moves ``record`` (or ``skip``/``give_up``) and ``claim_undo``, the common case: the
+    outcome lands on the undo this chain holds, and another EXECUTED step's undo is
+    claimed; one round trip. None: not the common case, nothing written (the caller
+    takes the full path)."""
+    row = _run(engine, _UNDO_NEXT, {"saga": saga_id, "seq": seq, "result": result,
+                                    "detail": detail, "attempts": attempts, "token": token,
+                                    "next": next_token, "lease": lease, "worker": worker})
+    if row is None:
+        return None
+    return UndoRow(int(row[0]), str(row[1]), _opened(engine, "args", row[2]),
+                   _opened(engine, "kwargs", row[3]), _opened(engine, "result", row[4]),
+                   row[5], int(row[6]), int(row[7]), str(row[8]), row[9], row[10])
+
+
+def _opened(engine: Engine, column: str, value: Any) -> Any:
+    """A JSON column's value as SQLAlchemy would read it (opened when sealed)."""
+    sealed: SealedJSON = entries.c[column].type  # type: ignore[assignment]
+    return sealed.process_result_value(value, engine.dialect)

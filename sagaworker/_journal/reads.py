@@ -5,7 +5,7 @@ one read behind every waiting ``aresult``), and a step journaled once per caller
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -20,7 +20,18 @@ from .schema import entries, sagas
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-__all__ = ["JournalReads", "NewEntry"]
+__all__ = ["Claiming", "JournalReads", "NewEntry"]
+
+
+@dataclass
+class Claiming:
+    """An eager step's claim, taken by the statement that journals its INTENT where the
+    journal can (PostgreSQL): ``done`` says it was."""
+
+    token: str
+    worker: str
+    lease: float
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class NewEntry:
     trace_context: str | None = None  # its enqueue span's (tracing), journaled with it
     #: not published: the worker that journaled it runs it itself (an eager flow step)
     held: bool = False
+    claim: Claiming | None = field(default=None, compare=False, hash=False)
 
 
 class JournalReads:

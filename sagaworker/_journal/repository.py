@@ -226,9 +226,10 @@ class Journal(JournalReads):
         ``seen``: how many steps had an outcome in what that replay read.
         """
         gated = any(e.gated for e in new)
-        if (len(new) == 1 and expect_seq is None and new[0].call_id is None and tx is None
+        if (len(new) == 1 and new[0].call_id is None and tx is None
                 and _pgfast.enabled(self.engine)):
-            return [self._intent_fast(saga_id, new[0])]
+            seq = self._intent_fast(saga_id, new[0], expect_seq, seen)
+            return [] if seq is None else [seq]
 
         def body(conn: Connection) -> list[int]:
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new),
@@ -267,8 +268,10 @@ class Journal(JournalReads):
 
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
-    def _intent_fast(self, saga_id: str, e: NewEntry) -> int:
-        """One step's INTENT in one round trip (``_pgfast``).
+    def _intent_fast(self, saga_id: str, e: NewEntry, expect_seq: int | None,
+                     seen: int | None) -> int | None:
+        """One step's INTENT in one round trip (``_pgfast``); a flow's replay's only if
+        the journal is still what it read (else None); an eager step's claimed with it.
 
         A lost connection leaves it unknown whether the statement committed: once its
         server process is done with it (``_pgfast.settle``), the entry's task id (new for
@@ -276,25 +279,33 @@ class Journal(JournalReads):
         it. So a step is never journaled twice, and a stale connection
         (a PostgreSQL restart) costs a retry, not an error.
         """
-        def once() -> int | None:
+        claim = None if e.claim is None else (e.claim.token, e.claim.worker, e.claim.lease)
+
+        def once() -> tuple[int, bool] | None:
             return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
                                   args=e.args, kwargs=e.kwargs, digest=e.args_digest,
                                   queue=e.queue, task_id=e.task_id, gated=e.gated,
-                                  nonce=e.approval_nonce, trace_context=e.trace_context)
+                                  nonce=e.approval_nonce, trace_context=e.trace_context,
+                                  expect=expect_seq, seen=seen, claim=claim)
 
         try:
-            seq = once()
+            got = once()
         except (OperationalError, InterfaceError) as exc:
             # the statement may still be running on the server (waiting on the saga row,
             # say): stopped and awaited first, then its commit is visible or never happens
             _pgfast.settle(self.engine, exc)
-            seq = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
-            if seq is None:
-                seq = once()
-        if seq is None:
+            found = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
+            got = once() if found is None else (
+                found[0], claim is not None and found[1] == claim[0])
+        if got is None:
+            if expect_seq is not None:  # the flow moved on (or is over): nothing journaled
+                return None
             with self.reader.connect() as conn:
                 _refuse_enqueue(conn, saga_id)
-        return seq
+        assert got is not None
+        if e.claim is not None:
+            e.claim.done = got[1]
+        return got[0]
 
     def mark_advanced(self, saga_id: str, seen: int) -> None:
         """A flow was replayed against a journal in which ``seen`` steps had an outcome:

@@ -14,6 +14,8 @@ from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
 from .._journal.app_tx import AppTx
+from .._journal.machine import new_token, worker_label
+from .._journal.reads import Claiming
 from .._journal.repository import NewEntry
 from .._journal.runtime import Runtime
 from .._observe import tracing
@@ -81,8 +83,10 @@ class Producer:
         if not self.rt.registry.validated:
             self.rt.registry.validate()
         new = [self.prepare(t, a, k) for t, a, k in calls]
-        if hold is not None:
-            new = [dataclasses.replace(e, held=True) if hold(e) else e for e in new]
+        if hold is not None:  # (claimed by the statement that journals it, where it can)
+            new = [dataclasses.replace(e, held=True, claim=Claiming(
+                new_token(), worker_label(), self.rt.settings.lease_seconds))
+                if hold(e) else e for e in new]
         spans = tracing.enqueue_spans(saga_id, [e.tool_name for e in new], parent)
         if spans is None:
             return self._journal(saga_id, new, expect_seq, seen, tx, None)

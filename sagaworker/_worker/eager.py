@@ -27,6 +27,8 @@ import structlog
 from kombu.utils.json import dumps, loads
 
 from .._base.registry import ToolSpec
+from .._journal.machine import Claim, Start
+from .._journal.pgfast import Claimed
 from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
@@ -47,8 +49,8 @@ class Runner(Protocol):
     advance: Advance | None
 
     def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
-                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False
-                 ) -> bool: ...
+                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False,
+                 claimed: tuple[str, Claim] | None = None) -> bool: ...
 
 
 class Eager:
@@ -114,9 +116,13 @@ class Eager:
         args, kwargs = loads(dumps([e.args, e.kwargs]))  # type: ignore[no-untyped-call]
         with structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=spec.name,
                                                      task_id=e.task_id, eager=True):
+            # claimed with its INTENT (one statement), or claimed now as any delivery is
+            claimed = None if e.claim is None or not e.claim.done else (
+                e.claim.token, Claim(Start.RUN, attempt=1, row=Claimed(
+                    1, e.args_digest, trace_context=e.trace_context)))
             try:
                 return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
-                                       eager=True)
+                                       eager=True, claimed=claimed)
             except Exception as exc:  # the journal holds where it stopped: recovery takes it
                 log.error("eager_step_interrupted", error=f"{type(exc).__name__}: {exc}"[:300],
                           detail="the relay or the sweeper sends the step from the journal")

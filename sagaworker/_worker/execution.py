@@ -185,16 +185,21 @@ class Executor:
         return None
 
     def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
-                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False) -> bool:
+                 args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False,
+                 claimed: tuple[str, Claim] | None = None) -> bool:
         """Claim, run, journal the outcome: True when the step is EXECUTED in a flow that
         the caller is to advance. What the tool raises goes on to Celery (its retries,
         then FAILED in ``on_failure``); run ``eager``ly (no Celery request), it makes the
-        step FAILED here: eager steps are only tools without Celery retries."""
-        token = new_token()
+        step FAILED here: eager steps are only tools without Celery retries. ``claimed``:
+        (token, claim) of a claim taken already (with the eager step's INTENT)."""
         started = time.time_ns()
-        claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
-                                            worker=worker_label(),
-                                            idempotent=spec.idempotent, task_id=task_id)
+        if claimed is not None:
+            token, claim = claimed
+        else:
+            token = new_token()
+            claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
+                                                worker=worker_label(),
+                                                idempotent=spec.idempotent, task_id=task_id)
         if not self._runs(claim, spec, saga_id, seq):
             return False
         # traced: the run's span, from the claim on, is the child of the step's journaled

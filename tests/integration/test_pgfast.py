@@ -217,3 +217,63 @@ def test_a_tool_made_gated_since_its_step_was_journaled_is_refused_cleanly() -> 
     row = _pgfast.Claimed(1, args_digest(("o-1",), {}))
     problem = Executor._verify(Executor.__new__(Executor), gated, row, ("o-1",), {})
     assert problem is not None and "approval verification failed" in problem
+
+
+def _executed_saga(sw: Sagaworker, steps: int) -> str:
+    """A saga with ``steps`` EXECUTED steps of ``charge``, failing: its chain may start."""
+    saga_id = uid("undo")
+    saga = sw.begin(saga_id)
+    m = sw.rt.machine
+    for i in range(steps):
+        seq = saga.enqueue(sw.registry.tools[next(iter(sw.registry.tools))].task, i).seq
+        token = f"t{i}".ljust(32, "x")
+        assert m.claim_start(saga_id, seq, next(iter(sw.registry.tools)), token=token,
+                             worker="test", idempotent=False, task_id=None).attempt == 1
+        assert m.executed(saga_id, seq, token, i, 1.0).applied
+    m.begin_compensation(saga_id, "test", "b" * 32)
+    return saga_id
+
+
+def test_an_undo_outcome_lands_and_the_next_undo_is_claimed_in_one_call(
+        proxied: tuple[Sagaworker, Proxy]) -> None:
+    """The chain's common step on PostgreSQL (one round trip): the outcome is journaled
+    on the undo the chain holds, and the latest-EXECUTED remaining step's undo claimed."""
+    from sagaworker._base.types import OutcomeResult
+
+    sw, _ = proxied
+    saga_id = _executed_saga(sw, 3)
+    m = sw.rt.machine
+    st = m.claim_undo(saga_id, "c1".ljust(32, "x"))
+    assert st.row.seq == 3
+    recorded, st2 = m.record_and_claim(saga_id, 3, OutcomeResult.COMPENSATED, None, 1,
+                                       "c1".ljust(32, "x"), "c2".ljust(32, "x"))
+    assert recorded and isinstance(st2.row, _pgfast.UndoRow)  # the one-call path ran
+    assert (st2.row.seq, st2.row.args, st2.attempt, st2.reason) == (2, [1], 1, "test")
+    rows = {r.seq: r for r in sw.inspect(saga_id).entries}
+    assert rows[3].compensation is OutcomeResult.COMPENSATED
+
+
+def test_a_late_undo_whose_step_was_taken_over_records_nothing(
+        proxied: tuple[Sagaworker, Proxy]) -> None:
+    """An undo whose lease lapsed and whose step another chain took over finishes late:
+    its outcome is refused (the taker's undo runs), on the one-call path too."""
+    from sqlalchemy import update as sa_update
+
+    from sagaworker._base.types import OutcomeResult
+
+    sw, _ = proxied
+    saga_id = _executed_saga(sw, 3)
+    m = sw.rt.machine
+    late, taker = "late".ljust(32, "x"), "taker".ljust(32, "x")
+    assert m.claim_undo(saga_id, late).row.seq == 3
+    with sw.journal.engine.begin() as conn:  # its lease lapses
+        conn.execute(sa_update(entries).where(entries.c.saga_id == saga_id,
+                                              entries.c.seq == 3)
+                     .values(comp_lease_until=select(sagas.c.created_at).where(
+                         sagas.c.saga_id == saga_id).scalar_subquery()))
+    assert m.claim_undo(saga_id, taker).row.seq == 3  # another chain takes it over
+    recorded, st = m.record_and_claim(saga_id, 3, OutcomeResult.COMPENSATED, None, 1, late,
+                                      "next".ljust(32, "x"))
+    assert not recorded
+    row = sw.journal.entry_row(saga_id, 3)
+    assert row.compensation is None and row.undo_token == taker

@@ -329,8 +329,10 @@ class JournalMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50), claim=st.booleans())
     def advance_eager(self, i: int, claim: bool) -> None:
         """A worker advances a flow and keeps its next step to run itself (an eager step):
-        journaled, never published; ``claim``: it claims it at once, else it dies between
-        the INTENT's commit and the claim (the relay must publish the step)."""
+        journaled, never published, and on PostgreSQL claimed by the same statement;
+        ``claim``: it claims it (or runs the claim it took), else it dies right after the
+        INTENT's commit (the relay must publish an unclaimed step; a claimed one's lease
+        lapses and the sweeper's delivery finds it in doubt)."""
         msg = self.pick(i, [m for m in self.bus.messages if m[0] == "advance"])
         self.bus.messages.remove(msg)
         eager = self.sw.executor.eager
@@ -342,8 +344,19 @@ class JournalMachine(RuleBasedStateMachine):
         for seq, _ in held:
             assert not [m for m in self.bus.messages[n:] if m[:3] == ("step", msg[1], seq)], (
                 "a step kept to run eagerly was published too")
-        if held and claim:
-            seq, e = held[0]
+        if not held:
+            return
+        seq, e = held[0]
+        if e.claim is not None and e.claim.done:
+            row = self.entry(msg[1], seq)
+            assert row.attempt_token == e.claim.token and row.lease_until is not None, (
+                "an eager step said claimed with its INTENT was not")
+            assert not self.world.holder.get((msg[1], seq)), "a new step had a holder"
+            a = Attempt(msg[1], seq, e.tool_name, e.claim.token, int(row.args[0]),
+                        dead=not claim)
+            self.attempts.append(a)
+            self.world.holder[(msg[1], seq)] = a
+        elif claim:
             self._claim(msg[1], seq, e.tool_name)
 
     # -- workers: forward attempts ---------------------------------------------------------
