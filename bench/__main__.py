@@ -15,12 +15,13 @@ from typing import Any
 import psutil
 import psycopg
 
-from bench import aio, producer, suites
+from bench import aio, producer, scaling, suites
 
 BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/12"}
 RESULTS = Path(__file__).resolve().parent / "results.json"
-SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "big")
+SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "workers",
+            "big")
 
 
 def versions() -> dict[str, str]:
@@ -63,13 +64,16 @@ def rabbitmq_sections(results: dict[str, Any], b: suites.Bench, a: argparse.Name
     if "asyncio" in only:
         log("asyncio: loop stalls and waits")
         results["asyncio"] = aio.run(b, a.rounds)
+    if "workers" in only:  # last: it starts more workers on the queue
+        log("step throughput with 1, 2, 4 workers")
+        results["workers"] = scaling.workers_scaling(b, a.steps, max(3, a.rounds // 2))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--steps", type=int, default=800, help="steps per throughput round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--sagas", type=int, default=40, help="3-step sagas per latency round")
+    p.add_argument("--sagas", type=int, default=100, help="3-step sagas per latency round")
     p.add_argument("--threads", type=int, default=4, help="saga client threads")
     p.add_argument("--big", default="1000,100000,1000000",
                    help="journal sizes for the big-journal runs ('' skips them)")

@@ -113,6 +113,12 @@ def render(r: dict[str, Any]) -> str:
                            for n in ("enqueue_many", "one_by_one")]))
         out.append(f"\nenqueue speed-up {_f(fo['enqueue_speedup'], 2)}x, end to end "
                    f"{_f(fo['end_to_end_speedup'], 2)}x")
+    wk = r.get("workers")
+    if wk:
+        out.append(f"\n### Step throughput by workers (RabbitMQ, {wk['n']} steps a round)\n")
+        out.append(_table(["workers (-c 2 each)", "steps/s", "vs 1 worker"],
+                          [[k, _f(v["steps_per_s"]), _f(wk.get("speedup", {}).get(k), 2)]
+                           for k, v in wk["workers"].items()]))
     if r.get("asyncio"):
         from bench.aio import render as render_aio
 

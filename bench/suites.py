@@ -194,7 +194,7 @@ def _wait_sql(system: System, sql: str, params: dict[str, Any], n: int) -> None:
 
 
 def step_throughput(b: Bench, n: int, rounds: int) -> dict[str, Any]:
-    names = list(b.systems)
+    names = [name for name in b.systems if name != "sagaworker_published"]  # (flows only)
     for name in names:  # warm-up: connections, pools, queues
         retried(partial(step_round, b, name, max(20, n // 20)), f"warm {name}")
     per: dict[str, list[dict[str, float]]] = {name: [] for name in names}
@@ -300,19 +300,23 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
         for fn in (dbos_mod.run_direct, dbos_mod.run_queued):
             _run_clients(partial(_ignore_index, fn, "warm"), 4, threads)
     key = f"{b.run}-dbos"
-    for _ in range(rounds):
-        runs["sagaworker"].append(retried(lambda: saga_round_sagaworker(b, m, threads),
-                                          "saga sagaworker"))
-        runs["flow"].append(retried(lambda: saga_round_flow(b, m, threads), "saga flow"))
-        if published:
-            runs["flow_published"].append(retried(
-                lambda: saga_round_flow(b, m, threads, "sagaworker_published"),
-                "saga flow, eager steps off"))
-        if dbos_mod is not None:
-            runs["dbos_direct"].append(_run_clients(lambda i: dbos_mod.run_direct(key), m,
-                                                    threads))
-            runs["dbos_queue"].append(_run_clients(lambda i: dbos_mod.run_queued(key), m,
-                                                   threads))
+    forms: dict[str, Callable[[], dict[str, float]]] = {
+        "sagaworker": lambda: retried(lambda: saga_round_sagaworker(b, m, threads),
+                                      "saga sagaworker"),
+        "flow": lambda: retried(lambda: saga_round_flow(b, m, threads), "saga flow")}
+    if published:
+        forms["flow_published"] = lambda: retried(
+            lambda: saga_round_flow(b, m, threads, "sagaworker_published"),
+            "saga flow, eager steps off")
+    if dbos_mod is not None:
+        forms["dbos_direct"] = lambda: _run_clients(lambda i: dbos_mod.run_direct(key), m,
+                                                    threads)
+        forms["dbos_queue"] = lambda: _run_clients(lambda i: dbos_mod.run_queued(key), m,
+                                                   threads)
+    names = list(forms)
+    for r in range(rounds):  # the order rotated each round: no form always goes first
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(forms[name]())
     counter().delete(key)
     out: dict[str, Any] = {"sagas_per_round": m, "client_threads": threads, "systems": {}}
     for name, rs in runs.items():
@@ -335,6 +339,7 @@ def saga_latency(b: Bench, m: int, threads: int, rounds: int,
                  for f, s in zip(runs[name], runs["sagaworker"], strict=True)])
             out[f"{name}_spread"] = spread([r["sagas_per_s"] for r in runs[name]])
     out["sync_spread"] = spread([r["sagas_per_s"] for r in runs["sagaworker"]])
+    out["rounds"] = {name: [round(r["sagas_per_s"], 1) for r in rs] for name, rs in runs.items()}
     return out
 
 

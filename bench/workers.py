@@ -21,11 +21,11 @@ class Worker:
     """One ``celery -A bench.app worker -P prefork -c 2`` for one system."""
 
     def __init__(self, system: str, *, broker: str, db_url: str, queue: str,
-                 app: Any, concurrency: int = 2) -> None:
+                 app: Any, concurrency: int = 2, nth: int = 0) -> None:
         self.system, self.queue, self.app = system, queue, app
-        self.hostname = f"{queue}@bench"
+        self.hostname = f"{queue}{f'-{nth}' if nth else ''}@bench"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.log_path = LOG_DIR / f"{queue}.log"
+        self.log_path = LOG_DIR / f"{queue}{f'-{nth}' if nth else ''}.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_SYSTEM": system,
                "BENCH_BROKER": broker, "BENCH_DB": db_url, "BENCH_QUEUE": queue,
                "SAGAWORKER_DATABASE_URL": db_url, "SAGAWORKER_BROKER_URL": broker,

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, select
-from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:  # the ORM is imported by an app that has a Session, never here
+    from sqlalchemy.orm import Session
 
 from .._base.awaiting import offload
 from .._base.crypto import attach, cipher_for
@@ -55,7 +58,14 @@ ON_COMMIT = "sagaworker_on_commit"
 
 def is_app_connection(value: Any) -> bool:
     """A SQLAlchemy connection or session (a tool's argument is JSON, never one of these)."""
-    return isinstance(value, Connection | Session)
+    return isinstance(value, Connection) or _is_session(value)
+
+
+def _is_session(value: Any) -> bool:
+    """A SQLAlchemy ORM ``Session`` (the ORM imported only if the app uses it: a worker
+    never pays for it)."""
+    orm = sys.modules.get("sqlalchemy.orm")
+    return orm is not None and isinstance(value, orm.Session)
 
 
 def is_async_app_connection(value: Any) -> bool:
@@ -83,9 +93,12 @@ class AppTx:
                 f"connection={connection!r}: give a SQLAlchemy Connection or Session on the "
                 "journal's database (an AsyncConnection or AsyncSession to the async calls)")
         self.journal_engine = engine
-        self.session = connection if isinstance(connection, Session) else None
-        self.conn: Connection = (connection.connection() if isinstance(connection, Session)
-                                 else connection)
+        self.session: Session | None = None
+        if isinstance(connection, Connection):
+            self.conn = connection
+        else:
+            self.session = connection
+            self.conn = connection.connection()
         _check_same_database(engine, self.conn.engine)
         cipher = cipher_for(engine)
         if cipher is not None and cipher_for(self.conn.engine) is None:

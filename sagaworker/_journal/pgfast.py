@@ -32,8 +32,8 @@ from .._base.crypto import SealedJSON
 from .._base.types import OPEN, Phase
 from .schema import entries, sagas
 
-__all__ = ["Claimed", "UndoRow", "claim", "enabled", "executed", "intent", "intent_seq",
-           "settle", "undo_next"]
+__all__ = ["Claimed", "UndoRow", "claim", "complete", "enabled", "executed", "intent",
+           "intent_seq", "settle", "undo_next"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -313,3 +313,26 @@ def _opened(engine: Engine, column: str, value: Any) -> Any:
     """A JSON column's value as SQLAlchemy would read it (opened when sealed)."""
     sealed: SealedJSON = entries.c[column].type  # type: ignore[assignment]
     return sealed.process_result_value(value, engine.dialect)
+
+
+# A flow's saga completes: the saga row's last seq must still be the one the replay read
+# (checked again on the row's latest version once it is locked), so an entry journaled
+# after this statement's snapshot, which the NOT EXISTS cannot see, is never skipped.
+_COMPLETE = f"""
+UPDATE {_S} SET status = 'COMPLETED', finished_at = statement_timestamp(),
+    updated_at = statement_timestamp(), result = %(result)s
+WHERE saga_id = %(saga)s AND status = 'RUNNING' AND fail_requested_at IS NULL
+  AND last_seq = %(expect)s
+  AND NOT EXISTS (SELECT 1 FROM {_E} WHERE saga_id = %(saga)s
+                  AND (phase <> '{_EXECUTED}' OR error IS NOT NULL))
+RETURNING 1
+"""
+
+
+def complete(engine: Engine, *, saga_id: str, result: Any, expect: int) -> bool:
+    """Move ``complete`` for a flow whose replay returned, in one round trip: False when
+    not the common case (nothing written: the caller takes the full path)."""
+    sealed: SealedJSON = sagas.c.result.type  # type: ignore[assignment]
+    value = Jsonb(sealed.process_bind_param(result, engine.dialect))
+    return _run(engine, _COMPLETE, {"saga": saga_id, "result": value,
+                                    "expect": expect}) is not None

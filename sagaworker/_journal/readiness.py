@@ -5,6 +5,8 @@ schema is missing or older than the code (`sagaworker db upgrade`)."""
 from __future__ import annotations
 
 import functools
+import re
+from pathlib import Path
 from typing import cast
 
 from sqlalchemy import JSON, Connection, Engine, delete, insert, inspect, select, text, type_coerce
@@ -40,18 +42,26 @@ def unreachable(url: str, exc: BaseException) -> ConfigurationError:
         "the server accepts connections")
 
 
+_REVISION = re.compile(r"^revision: str = '([^']+)'", re.M)
+_DOWN = re.compile(r"^down_revision: [^=]+= (?:'([^']+)'|None)", re.M)
+
+
 @functools.cache
 def _revisions() -> tuple[str, list[str]]:
-    """The code's head revision and every revision it knows, oldest first."""
-    from alembic.script import ScriptDirectory
-
-    from .migrate import alembic_config
-
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    known = [r.revision for r in script.walk_revisions()][::-1]
-    head = script.get_current_head()
-    assert head is not None
-    return head, known
+    """The code's head revision and every revision it knows, oldest first: read from the
+    migration files' headers (one linear history; a test holds it to Alembic's own
+    view), so a worker's start never imports Alembic (megabytes in every process)."""
+    after: dict[str | None, str] = {}
+    for path in (Path(__file__).parent / "migrations" / "versions").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        rev, down = _REVISION.search(text), _DOWN.search(text)
+        if rev is not None and down is not None:
+            after[down.group(1)] = rev.group(1)
+    known, rev_ = [], after.get(None)
+    while rev_ is not None:
+        known.append(rev_)
+        rev_ = after.get(rev_)
+    return known[-1], known
 
 
 def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:

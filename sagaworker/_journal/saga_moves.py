@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from .._base.types import OPEN, Phase, SagaStatus
+from . import pgfast as _pgfast
 from .dialect import db_now
 from .lifecycle import move, performs
 from .moves_base import (
@@ -118,11 +119,17 @@ class SagaMoves(MoveBase):
 
     @retrying
     @performs("saga", "complete")
-    def complete(self, saga_id: str, *, result: Any = None) -> None:
-        """Move ``complete``: RUNNING -> COMPLETED once every step EXECUTED."""
+    def complete(self, saga_id: str, *, result: Any = None,
+                 expect_seq: int | None = None) -> None:
+        """Move ``complete``: RUNNING -> COMPLETED once every step EXECUTED. ``expect_seq``:
+        the saga's last seq as a flow's replay read it (on PostgreSQL, one round trip)."""
         from .._base.errors import SagaNotFound, SagaworkerError
 
-        with self.j.engine.begin() as conn:
+        engine = self.j.engine
+        if expect_seq is not None and _pgfast.enabled(engine) and _pgfast.complete(
+                engine, saga_id=saga_id, result=result, expect=expect_seq):
+            return
+        with engine.begin() as conn:
             saga = self.j.lock_saga(conn, saga_id)
             if saga is None:
                 raise SagaNotFound(f"no saga {saga_id!r}")

@@ -351,7 +351,7 @@ class Flows:
             j.mark_advanced(saga_id, seen)
             return None  # an enqueued step still runs: its outcome advances the flow again
         try:
-            self.rt.machine.complete(saga_id, result=value)
+            self.rt.machine.complete(saga_id, result=value, expect_seq=saga.last_seq)
         except SagaworkerError as exc:
             log.info("flow_not_completed", detail=str(exc))
             return None

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from celery import Celery
+from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, select
 from sqlalchemy.exc import OperationalError
 
@@ -272,8 +273,51 @@ def test_a_late_undo_whose_step_was_taken_over_records_nothing(
                      .values(comp_lease_until=select(sagas.c.created_at).where(
                          sagas.c.saga_id == saga_id).scalar_subquery()))
     assert m.claim_undo(saga_id, taker).row.seq == 3  # another chain takes it over
-    recorded, st = m.record_and_claim(saga_id, 3, OutcomeResult.COMPENSATED, None, 1, late,
-                                      "next".ljust(32, "x"))
+    recorded, _ = m.record_and_claim(saga_id, 3, OutcomeResult.COMPENSATED, None, 1, late,
+                                     "next".ljust(32, "x"))
     assert not recorded
     row = sw.journal.entry_row(saga_id, 3)
     assert row.compensation is None and row.undo_token == taker
+
+
+def test_a_flow_never_completes_over_a_step_journaled_while_it_waited(
+        proxied: tuple[Sagaworker, Proxy], pg_url: str) -> None:
+    """A flow's replay returned and its saga completes in one statement; that statement
+    waits on the saga row while another journals a step and commits: its snapshot does
+    not see the step, so the saga's last seq (checked again on the locked row) must
+    refuse, and the full path then says why the saga cannot complete."""
+    from sagaworker import SagaworkerError
+
+    sw, _ = proxied
+    saga_id = uid("complete")
+    sw.begin(saga_id)
+    holder = _direct(pg_url)
+    holder.execute("SELECT 1 FROM sagaworker_sagas WHERE saga_id = %s FOR UPDATE",
+                   (saga_id,))
+    result: dict[str, Any] = {}
+
+    def complete() -> None:
+        try:
+            sw.rt.machine.complete(saga_id, result=1, expect_seq=0)
+            result["completed"] = True
+        except SagaworkerError as exc:
+            result["refused"] = str(exc)
+
+    t = threading.Thread(target=complete)
+    t.start()
+    with _direct(pg_url) as watcher:
+        watcher.autocommit = True
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%SET status = ''COMPLETED''%%'").fetchone():
+            time.sleep(0.02)
+    holder.execute(_pgfast._intent_sql(False, False), {
+        "saga": saga_id, "tool": "charge", "phase": "INTENT", "args": Jsonb([1]),
+        "kwargs": Jsonb({}), "digest": args_digest([1], {}), "queue": None,
+        "task_id": uid("task"), "nonce": None})
+    holder.commit()
+    t.join(20)
+    holder.close()
+    assert "refused" in result and "not EXECUTED" in result["refused"], result
+    assert sw.inspect(saga_id).status.value == "RUNNING"

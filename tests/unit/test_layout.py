@@ -300,3 +300,15 @@ def test_no_host_clock_is_written_to_the_journal() -> None:
                     "now", "utcnow", "time"):
                 wrong.append(f"{path.relative_to(PKG)}:{node.lineno}")
     assert wrong == []
+
+
+def test_the_revisions_read_from_the_migration_files_are_alembics() -> None:
+    """The worker's schema check reads the revisions without Alembic: the same history."""
+    from alembic.script import ScriptDirectory
+
+    from sagaworker._journal.migrate import alembic_config
+    from sagaworker._journal.readiness import _revisions
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert _revisions() == (script.get_current_head(),
+                            [r.revision for r in script.walk_revisions()][::-1])
