@@ -59,6 +59,10 @@ _JOINED = (select(*[c.label(f"saga_{c.name}") for c in sagas.c], *entries.c)
            .where(sagas.c.saga_id == bindparam("saga_id")).order_by(entries.c.seq))
 
 
+_ENTRY = select(entries).where(entries.c.saga_id == bindparam("saga_id"),
+                               entries.c.seq == bindparam("seq"))
+
+
 class JournalReads:
     """Part of ``Journal``: its reads, and the write an outside caller's call id needs."""
 
@@ -111,9 +115,11 @@ class JournalReads:
         return saga, [r for r in rows if r.seq is not None]
 
     def entry_row(self, saga_id: str, seq: int) -> Any:
+        """One entry (one statement: autocommit on PostgreSQL, one round trip)."""
         with self.reader.connect() as conn:
-            return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
-                                                      entries.c.seq == seq)).first()
+            if self.reader.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+            return conn.execute(_ENTRY, {"saga_id": saga_id, "seq": seq}).first()
 
     def inspect(self, saga_id: str) -> SagaRecord:
         with self.reader.connect() as conn:

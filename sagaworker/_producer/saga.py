@@ -79,10 +79,17 @@ class Step:
         """The journaled result; ToolFailed if it FAILED, ApprovalRejected if rejected."""
         def check() -> Any:
             row = self.rt.journal.entry_row(self.saga_id, self.seq)
+            if row is None:
+                raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the "
+                                   "journal (pruned, or another journal)")
             return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
 
-        with self.rt.journal.watch(self.saga_id) as wake:
-            row = poll(check, timeout, self._what(), wake)
+        # one read first: a step that has its outcome registers no wait (on PostgreSQL a
+        # write); the poll below reads again once its wake is armed, so nothing is missed
+        row = check()
+        if row is None:
+            with self.rt.journal.watch(self.saga_id) as wake:
+                row = poll(check, timeout, self._what(), wake)
         return self._outcome(row)
 
     async def aresult(self, timeout: float | None = None) -> Any:
