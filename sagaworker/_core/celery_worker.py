@@ -135,8 +135,14 @@ class WorkerStartup:
             sender.prefetch_multiplier = 1
         # the queues this worker consumes (`-Q`, else every queue the app declares): a
         # flow's next step of one of them may run here (eager steps); inherited by forks
+        # (not under `--time-limit`/`--soft-time-limit`: a chain must not outlive the
+        # limit of the delivery that carries it)
+        limited = getattr(sender, "time_limit", None) or getattr(sender, "soft_time_limit",
+                                                                  None)
         try:
-            self.sw.executor.eager.consuming = frozenset(self.app.amqp.queues.consume_from)
+            if not limited:
+                self.sw.executor.eager.consuming = frozenset(
+                    self.app.amqp.queues.consume_from)
         except Exception as exc:  # eager steps off: every step is published
             log.warning("eager_steps_off", error=f"{type(exc).__name__}: {exc}"[:200])
 

@@ -123,3 +123,18 @@ def test_killed_during_an_eager_step_it_is_in_doubt(crash_cluster: Cluster) -> N
     e = c.sw.inspect(key).entries[1]
     assert e.phase is Phase.FAILED and e.in_doubt
     assert [(r.kind, r.tool) for r in c.ledger(key)] == [("effect", "a"), ("undo", "a")]
+
+
+def test_a_worker_with_a_time_limit_publishes_every_step(cluster: Cluster) -> None:
+    """`celery worker --time-limit`: a chain of eager steps could outlive the limit of
+    the delivery that carries it, so that worker runs none."""
+    cluster.stop_workers()
+    try:
+        cluster.start_worker(args=("--time-limit", "120"))
+        key = uid("e")
+        res = cluster.sw.start(key, three_steps, key).wait(timeout=T)
+        assert res.status is SagaStatus.COMPLETED
+        assert executed_lines(cluster, key, 3) == [(1, False), (2, False), (3, False)]
+    finally:
+        cluster.stop_workers()
+        cluster.start_worker()
