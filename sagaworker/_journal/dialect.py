@@ -30,18 +30,21 @@ def normalize_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
-    """One engine per process, tuned for its dialect."""
+    """One engine per process, tuned for its dialect. Its errors do not quote their
+    parameters (a tool's arguments, secrets among them): such errors reach log lines."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         _private_file(make_url(url).database)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                               hide_parameters=True)
         _sqlite_immediate_transactions(engine)
         return engine
     # No pool_pre_ping: it costs a round trip on every checkout (three per step). After a
     # PostgreSQL restart the first statement on a stale connection fails, SQLAlchemy
     # invalidates the whole pool, and the caller's transaction is replayed on a fresh one
     # (``_journal.retrying`` on the worker side, ``Journal.write`` on the producer side).
-    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800,
+                         hide_parameters=True)
 
 
 def _private_file(path: str | None) -> None:

@@ -289,6 +289,7 @@ SELECT e.seq, e.tool_name, e.args, e.kwargs, e.result, e.span_context, e.exec_or
 FROM sagaworker_undo_next(%(saga)s, %(seq)s, %(result)s, %(detail)s, %(attempts)s,
                           %(token)s, %(next)s, %(lease)s, %(worker)s) AS e
 JOIN {_S} AS s ON s.saga_id = e.saga_id
+WHERE s.saga_id = %(saga)s
 """
 
 

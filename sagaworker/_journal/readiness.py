@@ -61,7 +61,31 @@ def _revisions() -> tuple[str, list[str]]:
     while rev_ is not None:
         known.append(rev_)
         rev_ = after.get(rev_)
+    if not known or len(known) != len(after):  # no sources shipped (or not one history)
+        return _alembic_revisions()
     return known[-1], known
+
+
+def _alembic_revisions() -> tuple[str, list[str]]:
+    """What Alembic itself reads of the migrations (the slow path: it imports Alembic)."""
+    from alembic.script import ScriptDirectory
+
+    from .migrate import alembic_config
+
+    try:
+        script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+        head = script.get_current_head()
+        known = [r.revision for r in script.walk_revisions()][::-1]
+    except Exception as exc:
+        raise ConfigurationError(
+            "sagaworker's migration files cannot be read from its install "
+            f"({type(exc).__name__}: {exc}); reinstall sagaworker from its wheel, which "
+            "ships them as sources") from exc
+    if head is None:
+        raise ConfigurationError(
+            "sagaworker's migration files are missing from its install; reinstall "
+            "sagaworker from its wheel, which ships them as sources")
+    return head, known
 
 
 def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:

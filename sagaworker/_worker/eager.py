@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import structlog
+from celery._state import _task_stack  # what celery.current_task reads
 from kombu.utils.json import dumps, loads
 
 from .._base.registry import ToolSpec
@@ -31,7 +32,9 @@ from .._journal.machine import Claim, Start
 from .._journal.pgfast import Claimed
 from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
+from .._observe import process as _process
 from .._observe.logging import get_logger
+from .._observe.redact import secret_values
 
 __all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "Runner"]
 
@@ -75,8 +78,7 @@ class Eager:
             try:
                 held = advance(saga_id, hold=self._one() if keep else None)
             except Exception as exc:
-                log.error("flow_advance_failed", saga_id=saga_id,
-                          error=f"{type(exc).__name__}: {exc}")
+                log.error("flow_advance_failed", saga_id=saga_id, error=brief(exc))
                 return
             if not held or not self._run(saga_id, *held[0]):
                 return
@@ -120,13 +122,31 @@ class Eager:
             claimed = None if e.claim is None or not e.claim.done else (
                 e.claim.token, Claim(Start.RUN, attempt=1, row=Claimed(
                     1, e.args_digest, trace_context=e.trace_context)))
+            # as for a delivered step: its secret values are scrubbed from every log line
+            # while it runs, and Celery's current task is the step's, not the carrier's
+            keys = self.x.rt.settings.redact_keys
+            _process.hold(e.task_id, secret_values(spec.signature, args, kwargs, keys)
+                          if keys else [])
+            _task_stack.push(spec.task)
+            spec.task.push_request(id=e.task_id, args=args, kwargs=kwargs, retries=0)
             try:
                 return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
                                        eager=True, claimed=claimed)
             except Exception as exc:  # the journal holds where it stopped: recovery takes it
-                log.error("eager_step_interrupted", error=f"{type(exc).__name__}: {exc}"[:300],
+                log.error("eager_step_interrupted", error=brief(exc),
                           detail="the relay or the sweeper sends the step from the journal")
                 return False
+            finally:
+                spec.task.pop_request()
+                _task_stack.pop()
+                _process.release(e.task_id)
+
+
+def brief(exc: BaseException) -> str:
+    """An error for a log line: its type and first line. A database error's text goes on
+    with its statement and parameters (a tool's arguments), which must not be logged."""
+    lines = str(getattr(exc, "orig", None) or exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _limited(task: Any) -> bool:

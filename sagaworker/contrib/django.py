@@ -190,7 +190,7 @@ def _make_engine(using: str, url: URL) -> Engine:
         return first.pop() if first else connections[using].connection
 
     engine = create_engine(url.set(drivername=f"postgresql+{_DRIVER}"), creator=creator,
-                           poolclass=NullPool, pool_reset_on_return=None)
+                           poolclass=NullPool, pool_reset_on_return=None, hide_parameters=True)
     try:
         engine.connect().close()
     finally:

@@ -7,6 +7,7 @@ written by the tools themselves, so the tests check what really happened.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from datetime import datetime, timedelta
@@ -196,6 +197,19 @@ def pays_then_raises(s: FlowContext, key: str, cc: str) -> None:
     raise RuntimeError(f"shipping failed after paying with {cc}")
 
 
+def pays_noisily(s: FlowContext, key: str, cc: str) -> str:
+    """Pays with ``cc`` through a tool whose own log line quotes the card."""
+    paid: str = s.call("tests.apps.cluster.noisy_pay", key, cc)
+    return paid
+
+
+def asks_who(s: FlowContext, key: str) -> str:
+    """a, then a tool that records which task Celery says is running it."""
+    s.call("tests.apps.cluster.step", key, "a")
+    who: str = s.call("tests.apps.cluster.whoami", key)
+    return who
+
+
 def idem_flow(s: FlowContext, key: str, sleep: float = 0.0) -> list[Any]:
     """a, then the idempotent b (``sleep`` seconds), then c."""
     return [s.call("tests.apps.cluster.step", key, "a"),
@@ -211,7 +225,7 @@ def retried_flow(s: FlowContext, key: str) -> list[Any]:
 
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
-         idem_flow, retried_flow)
+         idem_flow, retried_flow, pays_noisily, asks_who)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -372,6 +386,22 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         if fail:
             raise Boom(f"card {card} declined for {amount_cents} cents")
         record(key, "effect", "pay")
+        return "paid"
+
+    @sw.tool(compensable_by="undo_step")
+    def whoami(key: str) -> str:
+        """Records ``celery.current_task``'s request id and arguments."""
+        from celery import current_task
+
+        req = current_task.request
+        record(key, "effect", "whoami", task_id=req.id, args=list(req.args or []))
+        return str(req.id)
+
+    @sw.tool(compensable_by="undo_pay")
+    def noisy_pay(key: str, card: str) -> str:
+        """A payment that logs its card (the worker must scrub it while the step runs)."""
+        logging.getLogger("shop").warning("charging card %s", card)
+        record(key, "effect", "noisy_pay")
         return "paid"
 
     @sw.tool(compensable_by="undo_pay")

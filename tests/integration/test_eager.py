@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sagaworker import Phase, SagaStatus
-from tests.apps.cluster import idem_flow, retried_flow, three_steps
+from tests.apps.cluster import asks_who, idem_flow, retried_flow, three_steps
 from tests.conftest import Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services
@@ -138,3 +138,16 @@ def test_a_worker_with_a_time_limit_publishes_every_step(cluster: Cluster) -> No
     finally:
         cluster.stop_workers()
         cluster.start_worker()
+
+
+def test_an_eager_step_sees_its_own_celery_request(cluster: Cluster) -> None:
+    """``celery.current_task`` inside an eager step is the step's task with its own id and
+    arguments, as for a delivered message, not the task whose delivery carried it."""
+    key = uid("e")
+    res = cluster.sw.start(key, asks_who, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    entry = cluster.sw.inspect(key).entries[1]
+    assert executed_lines(cluster, key, 2) == [(1, True), (2, True)]
+    (row,) = [r for r in cluster.ledger(key) if r.tool == "whoami"]
+    assert (row.detail["task_id"], row.detail["args"]) == (entry.task_id, [key])
+    assert res.value == entry.task_id

@@ -126,3 +126,20 @@ def test_a_work_or_flow_exception_quoting_a_secret_leaves_it_out_of_the_reason(
     for s in (paid, other, flowed):
         assert s not in " ".join(reasons + logged)
         assert s not in worker_log(c)
+
+
+def test_an_eager_flow_step_logging_its_secret_is_scrubbed(red_cluster: Cluster) -> None:
+    """A flow's step run eagerly (no delivery of its own) logs its card: the worker's line
+    is there, the card is not, as for a step delivered by the broker."""
+    from tests.apps.cluster import pays_noisily
+
+    c = red_cluster
+    card, k = secret(), uid("k")
+    res = c.sw.start(k, pays_noisily, k, card).wait(T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    done = wait_for(lambda: [e for e in c.events(k) if e.get("event") == "step_executed"],
+                    T, "the step's executed line")
+    assert done[0].get("eager") is True, "the step was not run eagerly"
+    text = worker_log(c)
+    assert f"charging card {REDACTED}" in text
+    assert card not in text

@@ -312,3 +312,27 @@ def test_the_revisions_read_from_the_migration_files_are_alembics() -> None:
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
     assert _revisions() == (script.get_current_head(),
                             [r.revision for r in script.walk_revisions()][::-1])
+
+
+def test_without_migration_sources_the_revisions_come_from_alembic_or_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An install without the migrations' .py files (compiled only) neither crashes the
+    schema check with an IndexError nor guesses: Alembic's view, or a ConfigurationError
+    that says to reinstall."""
+    from sagaworker import ConfigurationError
+    from sagaworker._journal import readiness
+
+    real = readiness._revisions()
+    readiness._revisions.cache_clear()
+    empty = tmp_path / "_journal"
+    (empty / "migrations" / "versions").mkdir(parents=True)
+    monkeypatch.setattr(readiness, "__file__", str(empty / "readiness.py"))
+    assert readiness._revisions() == real  # Alembic reads the installed package
+    readiness._revisions.cache_clear()
+    from alembic.script import ScriptDirectory
+
+    monkeypatch.setattr(ScriptDirectory, "get_current_head", lambda self: None)
+    with pytest.raises(ConfigurationError, match="reinstall sagaworker"):
+        readiness._revisions()
+    monkeypatch.undo()
+    readiness._revisions.cache_clear()

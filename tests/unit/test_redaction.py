@@ -354,3 +354,23 @@ def test_configure_logging_scrubs_tracebacks_and_structured_fields(keys: None) -
     assert "exception" in lines[0] and "exception" in lines[2]
     assert "ValueError: cannot handle" in lines[2]["exception"]
     assert lines[1]["card"] == REDACTED
+
+
+def test_a_journal_error_quotes_neither_its_parameters_nor_its_detail(tmp_path: Path) -> None:
+    """A failing journal statement's error (which reaches log lines) does not carry the
+    values bound to it, and a logged error keeps only its first line (a driver's DETAIL
+    line quotes a key's value)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from sagaworker import make_engine
+    from sagaworker._worker.eager import brief
+
+    card = "4000123412341234"
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(OperationalError) as err, engine.connect() as conn:
+        conn.execute(text("SELECT nope FROM nowhere WHERE x = :card"), {"card": card})
+    assert "nowhere" in str(err.value) and card not in str(err.value)
+    assert brief(err.value) == "OperationalError: no such table: nowhere"
+    detailed = ValueError(f"duplicate key\nDETAIL:  Key (card)=({card}) already exists.")
+    assert brief(detailed) == "ValueError: duplicate key"

@@ -28,7 +28,7 @@ CREATE OR REPLACE FUNCTION sagaworker_undo_next(
     p_saga text, p_seq integer, p_result text, p_detail text, p_attempts integer,
     p_token text, p_next text, p_lease double precision, p_worker text)
 RETURNS SETOF sagaworker_entries
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     v_order integer;
     v_next integer;
