@@ -15,8 +15,10 @@ One listener thread per process and journal holds a dedicated connection that
 journal, and sleeps until notified; the registration outlives the call by
 :data:`KEEP_REGISTERED` seconds, so the next step of a synchronous saga finds it there.
 Each call still reads the journal itself: a notification only says "look again", so a
-duplicate costs one read and a lost one (an outcome whose trigger ran a moment before the
-registration committed) at most :data:`SAFETY_POLL` seconds.
+duplicate costs one read and a lost one at most :data:`SAFETY_POLL` seconds. An outcome
+whose trigger ran just before the registration committed (nobody to notify yet) commits
+within moments: for :data:`REGISTER_GRACE` after a registration the calls keep polling, so
+that case costs a few reads, not a safety poll.
 
 Whenever notifications for a saga are not known to arrive (the listener starting, its
 connection lost and being re-made, the triggers or the table missing because
@@ -54,6 +56,9 @@ WAITERS = "sagaworker_waiters"
 SAFETY_POLL = 1.0
 #: the backoff used otherwise (5 ms, x1.5 each time, capped at 50 ms)
 FIRST_DELAY, MAX_DELAY = 0.005, 0.05
+#: after a saga's registration commits, waiting calls still poll this long: an outcome
+#: whose trigger ran just before it (no waiter to notify) commits within it
+REGISTER_GRACE = 0.1
 #: a saga stays registered this long after its last waiting call ended
 KEEP_REGISTERED = 10.0
 #: the listener closes its connection after this long with nobody waiting
@@ -116,12 +121,24 @@ class Notifier:
         self._waiting: dict[str, set[Wake]] = {}
         #: registered sagas -> when their last waiting call ended (0.0 while one waits)
         self._registered: dict[str, float] = {}
+        #: sagas registered less than REGISTER_GRACE ago -> when
+        self._fresh: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._idle_since = time.monotonic()
         self.listening = False
 
     def notifies(self, saga_id: str) -> bool:
-        return self.listening and saga_id in self._registered
+        """A notification will arrive for any later outcome of the saga: listening, the
+        saga registered, and not just now (an outcome being committed may have missed it)."""
+        if not (self.listening and saga_id in self._registered):
+            return False
+        since = self._fresh.get(saga_id)
+        if since is None:
+            return True
+        if time.monotonic() - since < REGISTER_GRACE:
+            return False
+        self._fresh.pop(saga_id, None)
+        return True
 
     @contextmanager
     def watch(self, saga_id: str, wake: Wake | None = None) -> Iterator[Wake]:
@@ -168,6 +185,7 @@ class Notifier:
         with self._lock:
             if self.listening and saga_id not in self._registered:
                 self._registered[saga_id] = 0.0 if saga_id in self._waiting else time.monotonic()
+                self._fresh[saga_id] = time.monotonic()
 
     # -- the listener thread ------------------------------------------------------------
 
@@ -193,6 +211,7 @@ class Notifier:
         with self._lock:
             self.listening = False
             self._registered.clear()  # a restarted server truncated the unlogged table
+            self._fresh.clear()
 
     def _run(self) -> None:
         while True:
@@ -246,7 +265,9 @@ class Notifier:
             conn.execute(_REGISTER, (missing, self.waiter))
             with self._lock:
                 for s in missing:
-                    self._registered.setdefault(s, 0.0)
+                    if s not in self._registered:
+                        self._registered[s] = 0.0
+                        self._fresh[s] = time.monotonic()
             self._wake(None)  # they polled until now: read once more, then sleep
         if expired:
             self._unregister(conn, expired)
@@ -256,6 +277,7 @@ class Notifier:
             conn.execute(f"DELETE FROM {WAITERS} WHERE waiter = %s", (self.waiter,))
             with self._lock:
                 self._registered.clear()
+                self._fresh.clear()
             return
         ids = list(saga_ids)
         conn.execute(f"DELETE FROM {WAITERS} WHERE waiter = %s AND saga_id = ANY(%s)",
@@ -263,6 +285,7 @@ class Notifier:
         with self._lock:
             for s in ids:  # one waited on again meanwhile is registered anew by the loop
                 self._registered.pop(s, None)
+                self._fresh.pop(s, None)
 
     def _housekeep(self, conn: Any) -> None:
         """Refresh this process's registrations, drop dead processes' ones, register all."""

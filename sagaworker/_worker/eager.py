@@ -124,9 +124,7 @@ class Eager:
                     1, e.args_digest, trace_context=e.trace_context)))
             # as for a delivered step: its secret values are scrubbed from every log line
             # while it runs, and Celery's current task is the step's, not the carrier's
-            keys = self.x.rt.settings.redact_keys
-            _process.hold(e.task_id, secret_values(spec.signature, args, kwargs, keys)
-                          if keys else [])
+            _process.hold(e.task_id, self._secrets(spec, args, kwargs))
             _task_stack.push(spec.task)
             spec.task.push_request(id=e.task_id, args=args, kwargs=kwargs, retries=0)
             try:
@@ -140,6 +138,14 @@ class Eager:
                 spec.task.pop_request()
                 _task_stack.pop()
                 _process.release(e.task_id)
+
+    def _secrets(self, spec: ToolSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+        keys = self.x.rt.settings.redact_keys
+        try:
+            return secret_values(spec.signature, args, kwargs, keys) if keys else []
+        except Exception as exc:  # never leave a claimed step unrun over it
+            log.warning("redaction_values_unavailable", error=type(exc).__name__)
+            return []
 
 
 def brief(exc: BaseException) -> str:

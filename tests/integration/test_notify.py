@@ -219,3 +219,38 @@ def test_a_lost_listener_connection_falls_back_then_listens_again(notify_url: st
     t.join()
     assert reads[0] <= 10 and time.monotonic() - commit[0] < 0.3
     sw.journal.engine.dispose()
+
+
+def test_an_outcome_that_missed_the_registration_is_seen_without_a_safety_poll(
+        notify_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outcome's transaction ran its trigger before the waiting call registered the
+    saga (nobody to notify) and commits after the call read the step still running: the
+    call sees the outcome by its next read, not at its safety poll (set to 60 s here)."""
+    import psycopg
+
+    import sagaworker._journal.notify as notify
+    import sagaworker._producer.saga as saga_mod
+
+    monkeypatch.setattr(saga_mod, "SAFETY_POLL", 60.0)
+    monkeypatch.setattr(notify, "REGISTER_GRACE", 30.0, raising=False)
+    sw, thing = make_sw(notify_url)
+    step = sw.begin(uid("race")).enqueue(thing, 1)
+    real, after = sw.journal.entry_row, [0]
+
+    def read(*a: Any) -> Any:  # counts the reads begun once the saga was registered
+        n = sw.journal._notifier
+        after[0] += n is not None and step.saga_id in n._registered
+        return real(*a)
+
+    sw.journal.entry_row = read  # type: ignore[method-assign]
+    got: list[Any] = []
+    with psycopg.connect(notify_url.replace("postgresql+psycopg", "postgresql")) as worker:
+        worker.execute(EXECUTED, (step.saga_id,))  # its trigger: no waiter to notify
+        waiting = threading.Thread(target=lambda: got.append(step.result(timeout=20)))
+        waiting.start()
+        # registered, and read since (the step still INTENT to it: not committed)
+        assert wait_until(lambda: after[0] >= 1, 10)
+        worker.commit()
+    waiting.join(15)
+    assert got == [42], "the outcome waited for the safety poll"
+    sw.journal.engine.dispose()
