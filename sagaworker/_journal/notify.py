@@ -130,15 +130,14 @@ class Notifier:
     def notifies(self, saga_id: str) -> bool:
         """A notification will arrive for any later outcome of the saga: listening, the
         saga registered, and not just now (an outcome being committed may have missed it)."""
-        if not (self.listening and saga_id in self._registered):
-            return False
-        since = self._fresh.get(saga_id)
-        if since is None:
+        with self._lock:
+            if not (self.listening and saga_id in self._registered):
+                return False
+            since = self._fresh.get(saga_id)
+            if since is not None and time.monotonic() - since < REGISTER_GRACE:
+                return False
+            self._fresh.pop(saga_id, None)
             return True
-        if time.monotonic() - since < REGISTER_GRACE:
-            return False
-        self._fresh.pop(saga_id, None)
-        return True
 
     @contextmanager
     def watch(self, saga_id: str, wake: Wake | None = None) -> Iterator[Wake]:
@@ -266,8 +265,8 @@ class Notifier:
             with self._lock:
                 for s in missing:
                     if s not in self._registered:
-                        self._registered[s] = 0.0
                         self._fresh[s] = time.monotonic()
+                        self._registered[s] = 0.0
             self._wake(None)  # they polled until now: read once more, then sleep
         if expired:
             self._unregister(conn, expired)

@@ -113,8 +113,10 @@ def _discard(engine: Engine, raw: Any, exc: BaseException | None, *, stale: bool
 
 def _translated(engine: Engine, sql: str, params: dict[str, Any], exc: psycopg.Error,
                 pid: int | None) -> StatementError:
+    # parameters hidden as on the engine: they are a tool's arguments and results
     err = DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=engine.dialect,
-                              connection_invalidated=isinstance(exc, psycopg.OperationalError))
+                              connection_invalidated=isinstance(exc, psycopg.OperationalError),
+                              hide_parameters=True)
     err.sagaworker_backend_pid = pid  # type: ignore[attr-defined]
     return err
 

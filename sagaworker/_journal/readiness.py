@@ -52,7 +52,8 @@ def _revisions() -> tuple[str, list[str]]:
     migration files' headers (one linear history; a test holds it to Alembic's own
     view), so a worker's start never imports Alembic (megabytes in every process)."""
     after: dict[str | None, str] = {}
-    for path in (Path(__file__).parent / "migrations" / "versions").glob("*.py"):
+    files = list((Path(__file__).parent / "migrations" / "versions").glob("*.py"))
+    for path in files:
         text = path.read_text(encoding="utf-8")
         rev, down = _REVISION.search(text), _DOWN.search(text)
         if rev is not None and down is not None:
@@ -61,7 +62,8 @@ def _revisions() -> tuple[str, list[str]]:
     while rev_ is not None:
         known.append(rev_)
         rev_ = after.get(rev_)
-    if not known or len(known) != len(after):  # no sources shipped (or not one history)
+    migrations = [f for f in files if f.name != "__init__.py"]
+    if not known or len(known) != len(migrations):  # no sources, or not one plain history
         return _alembic_revisions()
     return known[-1], known
 

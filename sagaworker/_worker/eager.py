@@ -20,7 +20,8 @@ else is published as usual.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any, Protocol
 
 import structlog
@@ -36,13 +37,18 @@ from .._observe import process as _process
 from .._observe.logging import get_logger
 from .._observe.redact import secret_values
 
-__all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "Runner"]
+__all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "EagerRetry", "Runner", "brief"]
 
 log = get_logger()
 #: a flow's advance: its saga id, and which of the new steps this worker keeps to run
 Advance = Callable[..., Any]
 MAX_STEPS = 32
 MAX_SECONDS = 10.0
+
+
+class EagerRetry(Exception):
+    """An eager step's tool asked Celery for a retry: the step goes to the broker (it had
+    no message of its own to retry), where Celery's retries apply."""
 
 
 class Runner(Protocol):
@@ -80,7 +86,7 @@ class Eager:
             except Exception as exc:
                 log.error("flow_advance_failed", saga_id=saga_id, error=brief(exc))
                 return
-            if not held or not self._run(saga_id, *held[0]):
+            if not held or not self._run(saga_id, *held[0], carrier=carrier):
                 return
 
     def _one(self) -> Callable[[NewEntry], bool]:
@@ -108,7 +114,7 @@ class Eager:
             return False
         return x.rt.bus.queue_of(e.tool_name, e.queue) in self.consuming
 
-    def _run(self, saga_id: str, seq: int, e: NewEntry) -> bool:
+    def _run(self, saga_id: str, seq: int, e: NewEntry, *, carrier: Any = None) -> bool:
         """Run one held step here: True when it is EXECUTED and its flow to advance."""
         spec = self.x.rt.registry.tool(e.tool_name)
         if spec is None:  # (eligible() saw it registered)
@@ -122,22 +128,41 @@ class Eager:
             claimed = None if e.claim is None or not e.claim.done else (
                 e.claim.token, Claim(Start.RUN, attempt=1, row=Claimed(
                     1, e.args_digest, trace_context=e.trace_context)))
-            # as for a delivered step: its secret values are scrubbed from every log line
-            # while it runs, and Celery's current task is the step's, not the carrier's
-            _process.hold(e.task_id, self._secrets(spec, args, kwargs))
-            _task_stack.push(spec.task)
-            spec.task.push_request(id=e.task_id, args=args, kwargs=kwargs, retries=0)
             try:
-                return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
-                                       eager=True, claimed=claimed)
+                with self._as_delivered(spec, e.task_id, args, kwargs, carrier):
+                    return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
+                                           eager=True, claimed=claimed)
+            except EagerRetry:
+                sent = self.x.rt.bus.publish_step(saga_id, seq, spec.name, list(args), kwargs,
+                                                  e.task_id, e.queue)
+                log.info("eager_step_retried", published=sent, detail="the tool asked for "
+                         "a retry: its step goes through the broker, where Celery retries")
+                return False
             except Exception as exc:  # the journal holds where it stopped: recovery takes it
                 log.error("eager_step_interrupted", error=brief(exc),
                           detail="the relay or the sweeper sends the step from the journal")
                 return False
-            finally:
-                spec.task.pop_request()
-                _task_stack.pop()
-                _process.release(e.task_id)
+
+    @contextmanager
+    def _as_delivered(self, spec: ToolSpec, task_id: str, args: Sequence[Any],
+                      kwargs: dict[str, Any], carrier: Any) -> Iterator[None]:
+        """As for a delivered step: its secret values are scrubbed from every log line
+        while it runs, and Celery's current task is the step's own (its id, arguments and
+        retry count; the carrier's worker; the carrier as its parent), not the carrier."""
+        parent = getattr(carrier, "request", None)
+        key = f"{task_id}#eager"  # apart from a delivery of the same step in this process
+        with ExitStack() as stack:
+            _process.hold(key, self._secrets(spec, args, kwargs))
+            stack.callback(_process.release, key)
+            _task_stack.push(spec.task)
+            stack.callback(_task_stack.pop)
+            spec.task.push_request(
+                id=task_id, args=list(args), kwargs=kwargs, retries=0, called_directly=False,
+                sagaworker_eager=True, hostname=getattr(parent, "hostname", None),
+                parent_id=getattr(parent, "id", None),
+                root_id=getattr(parent, "root_id", None) or getattr(parent, "id", None))
+            stack.callback(spec.task.pop_request)
+            yield
 
     def _secrets(self, spec: ToolSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
         keys = self.x.rt.settings.redact_keys

@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 from celery import Task
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, Retry
 
 from .._base.awaiting import settle
 from .._base.canonical import args_digest, not_json
@@ -25,7 +25,7 @@ from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
 from .._producer.deadlines import deadline_passed
-from .eager import Advance, Eager
+from .eager import Advance, Eager, EagerRetry
 from .heartbeat import Heartbeat
 
 __all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
@@ -63,6 +63,8 @@ class ToolTask(Task):  # type: ignore[misc]
     def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
               eta: datetime | None = None, countdown: float | None = None,
               max_retries: int | None = None, **options: Any) -> Any:
+        if getattr(self.request, "sagaworker_eager", False):
+            return self._eager_retry(exc, throw, max_retries, eta, countdown)
         if isinstance(exc, BaseException) and not is_sanitized(exc):
             # Celery keeps the retry's exception (its Retry text, the task-retried event)
             exc = sanitized(exc, *self.sagaworker_executor.secrets(
@@ -79,6 +81,19 @@ class ToolTask(Task):  # type: ignore[misc]
                                                    int(self.request.retries or 0) + 1)
         return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                               countdown=countdown, max_retries=max_retries, **options)
+
+    def _eager_retry(self, exc: Any, throw: bool, max_retries: int | None,
+                     eta: datetime | None, countdown: float | None) -> Any:
+        """A retry asked for by a step run eagerly (no message of its own): past the task's
+        retries it raises as Celery would; else the step goes to the broker (``Eager``)."""
+        limit = self.max_retries if max_retries is None else max_retries
+        if limit is not None and int(self.request.retries or 0) + 1 > limit:
+            if isinstance(exc, BaseException):
+                raise exc
+            raise self.MaxRetriesExceededError(f"Can't retry {self.name}[{self.request.id}]")
+        if not throw:  # the tool goes on and returns: its outcome is journaled as usual
+            return Retry(exc=exc, when=eta or countdown)
+        raise EagerRetry(self.name)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
@@ -224,6 +239,11 @@ class Executor:
         except Exception as exc:
             span.fail(exc, None if span.span is None else error_text(
                 exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+            if eager and isinstance(exc, EagerRetry):  # the caller hands it to the broker
+                self.failures.forget(task_id)
+                span.outcome("retried")
+                span.end()
+                raise
             if eager:  # no Celery verdict follows: the tool's exception is its last word
                 span.outcome("failed" if self.failures.gave_up(
                     task_id, spec, exc, args, kwargs) else "raised")

@@ -224,8 +224,15 @@ def retried_flow(s: FlowContext, key: str) -> list[Any]:
             s.call("tests.apps.cluster.step", key, "c")]
 
 
+def retried_by_hand_flow(s: FlowContext, key: str) -> list[Any]:
+    """a, then b of a tool that asks Celery for a retry itself (once), then c."""
+    return [s.call("tests.apps.cluster.step", key, "a"),
+            s.call("tests.apps.cluster.retries_by_hand", key, "b"),
+            s.call("tests.apps.cluster.step", key, "c")]
+
+
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
-         idem_flow, retried_flow, pays_noisily, asks_who)
+         idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -324,6 +331,17 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "try", name)
         if count(key, "try", name) <= failures:
             raise Boom(f"{name} transient failure")
+        record(key, "effect", name)
+        return name
+
+    @sw.tool(compensable_by="undo_step", max_retries=2)
+    def retries_by_hand(key: str, name: str) -> str:
+        """Its first attempt asks Celery for a retry (``current_task.retry``), then succeeds."""
+        from celery import current_task
+
+        record(key, "try", name)
+        if count(key, "try", name) == 1:
+            current_task.retry(exc=Boom(f"{name} asks again"), countdown=0)
         record(key, "effect", name)
         return name
 

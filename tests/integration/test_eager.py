@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from sagaworker import Phase, SagaStatus
-from tests.apps.cluster import asks_who, idem_flow, retried_flow, three_steps
+from tests.apps.cluster import (
+    asks_who,
+    idem_flow,
+    retried_by_hand_flow,
+    retried_flow,
+    three_steps,
+)
 from tests.conftest import Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services
@@ -151,3 +157,19 @@ def test_an_eager_step_sees_its_own_celery_request(cluster: Cluster) -> None:
     (row,) = [r for r in cluster.ledger(key) if r.tool == "whoami"]
     assert (row.detail["task_id"], row.detail["args"]) == (entry.task_id, [key])
     assert res.value == entry.task_id
+
+
+def test_an_eager_step_that_asks_for_a_retry_is_retried_through_the_broker(
+        cluster: Cluster) -> None:
+    """A tool calling ``current_task.retry()`` itself (nothing on its decorator says so)
+    is retried as from a delivered message, not failed: the step is handed to the broker,
+    where Celery's retries apply; the flow completes."""
+    key = uid("e")
+    res = cluster.sw.start(key, retried_by_hand_flow, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert res.value == ["a-done", "b", "c-done"]
+    assert [(r.kind, r.tool) for r in cluster.ledger(key)] == [
+        ("effect", "a"), ("try", "b"), ("try", "b"), ("effect", "b"), ("effect", "c")]
+    assert [(e.seq, e.phase, e.attempts) for e in cluster.sw.inspect(key).entries] == [
+        (1, Phase.EXECUTED, 1), (2, Phase.EXECUTED, 2), (3, Phase.EXECUTED, 1)]
+    assert executed_lines(cluster, key, 3) == [(1, True), (2, False), (3, True)]

@@ -170,6 +170,21 @@ def test_a_refused_connect_is_sqlalchemys_operational_error() -> None:
     engine.dispose()
 
 
+def test_a_failed_statement_quotes_none_of_its_parameters(pg_url: str) -> None:
+    """A one-round-trip statement's error (it reaches log lines) carries its SQL and the
+    server's message, not the values bound to it (a tool's arguments and results)."""
+    from sqlalchemy.exc import ProgrammingError
+
+    from sagaworker import make_engine
+
+    card = "4000123412341234"
+    engine = make_engine(pg_url)
+    with pytest.raises(ProgrammingError) as err:
+        _pgfast._run(engine, "SELECT 1 FROM nowhere WHERE x = %(card)s", {"card": card})
+    assert "nowhere" in str(err.value) and card not in str(err.value)
+    engine.dispose()
+
+
 class _Interrupted(BaseException):
     pass
 
