@@ -133,8 +133,9 @@ class Eager:
                     return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
                                            eager=True, claimed=claimed)
             except EagerRetry:
+                # as Celery's first retry: the delivery counts it against max_retries
                 sent = self.x.rt.bus.publish_step(saga_id, seq, spec.name, list(args), kwargs,
-                                                  e.task_id, e.queue)
+                                                  e.task_id, e.queue, retries=1)
                 log.info("eager_step_retried", published=sent, detail="the tool asked for "
                          "a retry: its step goes through the broker, where Celery retries")
                 return False

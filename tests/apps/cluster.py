@@ -224,10 +224,10 @@ def retried_flow(s: FlowContext, key: str) -> list[Any]:
             s.call("tests.apps.cluster.step", key, "c")]
 
 
-def retried_by_hand_flow(s: FlowContext, key: str) -> list[Any]:
-    """a, then b of a tool that asks Celery for a retry itself (once), then c."""
+def retried_by_hand_flow(s: FlowContext, key: str, asks: int = 1) -> list[Any]:
+    """a, then b of a tool that asks Celery for a retry itself ``asks`` times, then c."""
     return [s.call("tests.apps.cluster.step", key, "a"),
-            s.call("tests.apps.cluster.retries_by_hand", key, "b"),
+            s.call("tests.apps.cluster.retries_by_hand", key, "b", asks),
             s.call("tests.apps.cluster.step", key, "c")]
 
 
@@ -334,13 +334,13 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", name)
         return name
 
-    @sw.tool(compensable_by="undo_step", max_retries=2)
-    def retries_by_hand(key: str, name: str) -> str:
-        """Its first attempt asks Celery for a retry (``current_task.retry``), then succeeds."""
+    @sw.tool(compensable_by="undo_step", max_retries=1)
+    def retries_by_hand(key: str, name: str, asks: int) -> str:
+        """Its first ``asks`` attempts ask Celery for a retry (``current_task.retry``)."""
         from celery import current_task
 
         record(key, "try", name)
-        if count(key, "try", name) == 1:
+        if count(key, "try", name) <= asks:
             current_task.retry(exc=Boom(f"{name} asks again"), countdown=0)
         record(key, "effect", name)
         return name

@@ -173,3 +173,14 @@ def test_an_eager_step_that_asks_for_a_retry_is_retried_through_the_broker(
     assert [(e.seq, e.phase, e.attempts) for e in cluster.sw.inspect(key).entries] == [
         (1, Phase.EXECUTED, 1), (2, Phase.EXECUTED, 2), (3, Phase.EXECUTED, 1)]
     assert executed_lines(cluster, key, 3) == [(1, True), (2, False), (3, True)]
+
+
+def test_an_eager_retry_counts_against_the_tools_max_retries(cluster: Cluster) -> None:
+    """The hand-over to the broker is the tool's first retry: with ``max_retries=1`` a
+    second ask fails the step after two tries, as for a delivered message."""
+    key = uid("e")
+    res = cluster.sw.start(key, retried_by_hand_flow, key, 2).wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED, res.error
+    assert [(r.kind, r.tool) for r in cluster.ledger(key) if r.tool == "b"] == [
+        ("try", "b"), ("try", "b")]
+    assert cluster.sw.inspect(key).entries[1].phase is Phase.FAILED
