@@ -293,6 +293,6 @@ def test_timeline_screenshots(served: str, sw: Sagaworker, tools: Tools,
                             ".map(r => r.getBoundingClientRect().width)")
         rows = browser.js("document.querySelectorAll('#timeline .tl-row').length")
         assert rows == count
-        assert min(widths) >= 3
+        assert round(min(widths), 2) >= 3  # (sub-pixel layout: 2.9999 is a 3 px bar)
         firsts = sorted(set(round(t) for t in tops))
         assert len(firsts) == count  # one line of bars per row
