@@ -35,7 +35,6 @@ from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
 from .._observe import process as _process
 from .._observe.logging import get_logger
-from .._observe.redact import secret_values
 
 __all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "EagerRetry", "Runner", "brief"]
 
@@ -60,6 +59,9 @@ class Runner(Protocol):
     def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
                  args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False,
                  claimed: tuple[str, Claim] | None = None) -> bool: ...
+
+    def secrets(self, spec: ToolSpec, args: Any, kwargs: Any
+                ) -> tuple[frozenset[str], list[str]]: ...
 
 
 class Eager:
@@ -166,9 +168,8 @@ class Eager:
             yield
 
     def _secrets(self, spec: ToolSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
-        keys = self.x.rt.settings.redact_keys
         try:
-            return secret_values(spec.signature, args, kwargs, keys) if keys else []
+            return self.x.secrets(spec, args, kwargs)[1]
         except Exception as exc:  # never leave a claimed step unrun over it
             log.warning("redaction_values_unavailable", error=type(exc).__name__)
             return []

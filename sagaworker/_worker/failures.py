@@ -1,0 +1,61 @@
+"""What happens to an attempt whose tool raised (see :class:`Failures`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._base.registry import ToolSpec
+from .._base.types import SagaStatus
+from .._journal.runtime import Runtime
+from .._observe.redact import error_text
+
+__all__ = ["Failures"]
+
+
+class Failures:
+    """The failure path of an attempt, in one place. A tool raises: its lease is released
+    (not in doubt) and the attempt is noted by task id (``raised``). Celery then either
+    retries, and the retry's due time is journaled so the sweeper resends a retry message
+    that gets lost (``retrying``); or gives up, and the entry is FAILED, fenced by the
+    token of the attempt that raised, which fails the saga (``gave_up``). Infrastructure
+    errors and a lost worker are not outcomes: nothing is noted for them."""
+
+    def __init__(self, rt: Runtime, fail_step: Callable[..., None]) -> None:
+        self.rt = rt
+        self.fail_step = fail_step
+        #: task id -> (saga id, seq, token) of the attempt that raised, in this process
+        self.noted: dict[str, tuple[str, int, str]] = {}
+
+    def raised(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
+               exc: Exception, args: Any, kwargs: Any) -> None:
+        status = self.rt.machine.release(saga_id, seq, token, error_text(
+            exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+        self.noted[task_id] = (saga_id, seq, token)
+        if status is SagaStatus.COMPENSATING:
+            self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+
+    def retrying(self, task_id: str, delay: float, retries: int) -> None:
+        noted = self.noted.get(task_id)
+        if noted is not None:
+            saga_id, seq, token = noted
+            self.rt.machine.retry_due(saga_id, seq, token, delay, retries)
+
+    def gave_up(self, task_id: str, spec: ToolSpec, exc: BaseException, args: Any,
+                kwargs: Any) -> bool:
+        """True when the exception was the tool's: its step is FAILED (unless fenced)."""
+        noted = self.noted.pop(task_id, None)
+        if noted is None:
+            return False
+        saga_id, seq, token = noted
+        self.fail_step(saga_id, seq, spec.name, token,
+                       error_text(exc, spec.signature, args or (), kwargs or {},
+                                  self.rt.settings.redact_keys), task_id=task_id)
+        return True
+
+    def forget(self, task_id: str) -> None:
+        self.noted.pop(task_id, None)
+
+    def clear(self) -> None:
+        """After a fork: nothing the parent noted is this process's."""
+        self.noted.clear()
