@@ -90,7 +90,7 @@ class _InProcessBus:
 
     def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
                      kwargs: dict[str, Any], task_id: str, queue: str | None, *,
-                     retries: int = 0) -> bool:
+                     retries: int = 0, countdown: float | None = None) -> bool:
         spec = self.sw.registry.tool(tool)
         assert spec is not None
         message = {**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}}

@@ -50,8 +50,9 @@ class CeleryBus:
 
     def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
                      kwargs: dict[str, Any], task_id: str, queue: str | None, *,
-                     retries: int = 0) -> bool:
-        """Publish one tool message; on a refusal the outbox relay sends it later."""
+                     retries: int = 0, countdown: float | None = None) -> bool:
+        """Publish one tool message; on a refusal the outbox relay sends it later.
+        ``retries``/``countdown``: a Celery retry's count and delay (journaled first)."""
         spec = self.registry.tool(tool)
         if spec is None:
             return False
@@ -61,6 +62,8 @@ class CeleryBus:
             options["queue"] = queue
         if retries:
             options["retries"] = retries  # a resent Celery retry keeps its count
+        if countdown:
+            options["countdown"] = countdown
         try:
             real = {**kwargs, ENVELOPE: {"saga_id": saga_id, "seq": seq}}
             # Celery's task events, Flower and `celery inspect` show these, never the real

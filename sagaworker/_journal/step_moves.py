@@ -161,6 +161,26 @@ class StepMoves(MoveBase):
             return SagaStatus(saga.status)
 
     @retrying
+    @performs("step", "release")
+    def retry_later(self, saga_id: str, seq: int, token: str, error: str, delay: float,
+                    retries: int) -> SagaStatus | None:
+        """Move ``release`` of an attempt whose tool asked Celery for a retry itself
+        (``current_task.retry()``): the lease, the retry's due time and its count in one
+        commit, before the retry's message is published. A worker lost in between leaves
+        the sweeper a row it resends when due, with the count: never early, never with a
+        count that would let the tool run past ``max_retries`` (docs/design.md)."""
+        with self.j.engine.begin() as conn:
+            saga = self.j.lock_saga(conn, saga_id)
+            if saga is None:
+                return None
+            self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
+                             entries.c.attempt_token == token,
+                             entries.c.lease_until.is_not(None),
+                             lease_until=None, error=error,
+                             retry_due_at=db_later(max(delay, 0.0)), celery_retries=retries)
+            return SagaStatus(saga.status)
+
+    @retrying
     def retry_due(self, saga_id: str, seq: int, token: str, delay: float,
                   retries: int) -> None:
         """When Celery's retry message of a released attempt is due (the sweeper resends

@@ -47,7 +47,12 @@ MAX_SECONDS = 10.0
 
 class EagerRetry(Exception):
     """An eager step's tool asked Celery for a retry: the step goes to the broker (it had
-    no message of its own to retry), where Celery's retries apply."""
+    no message of its own to retry), where Celery's retries apply, due in ``delay``
+    seconds (the retry's countdown, journaled before the hand-over)."""
+
+    def __init__(self, tool: str, delay: float = 0.0) -> None:
+        super().__init__(tool)
+        self.delay = delay
 
 
 class Runner(Protocol):
@@ -134,10 +139,11 @@ class Eager:
                 with self._as_delivered(spec, e.task_id, args, kwargs, carrier):
                     return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
                                            eager=True, claimed=claimed)
-            except EagerRetry:
+            except EagerRetry as retry:
                 # as Celery's first retry: the delivery counts it against max_retries
                 sent = self.x.rt.bus.publish_step(saga_id, seq, spec.name, list(args), kwargs,
-                                                  e.task_id, e.queue, retries=1)
+                                                  e.task_id, e.queue, retries=1,
+                                                  countdown=retry.delay)
                 log.info("eager_step_retried", published=sent, detail="the tool asked for "
                          "a retry: its step goes through the broker, where Celery retries")
                 return False

@@ -70,16 +70,14 @@ class ToolTask(Task):  # type: ignore[misc]
             # Celery keeps the retry's exception (its Retry text, the task-retried event)
             exc = sanitized(exc, *self.sagaworker_executor.secrets(
                 self.sagaworker_spec, self.request.args or (), self.request.kwargs or {}))
-        # Journal when Celery's retry message is due, so the sweeper can resend it if the
-        # message is lost (a SIGKILLed worker holding its ETA message, a purged queue).
-        if countdown is not None:
-            delay = float(countdown)
-        elif eta is not None:
-            delay = (eta - datetime.now(UTC)).total_seconds()
-        else:
-            delay = float(self.default_retry_delay or 0)
-        self.sagaworker_executor.failures.retrying(self.request.id, delay,
-                                                   int(self.request.retries or 0) + 1)
+        # Journal when Celery's retry message is due and its count, before Celery publishes
+        # it: the sweeper resends a lost one (a SIGKILLed worker holding its ETA message, a
+        # purged queue), never one still scheduled. A retry past max_retries (Celery raises
+        # instead) and one that lets the tool go on (throw=False) publish nothing to wait for.
+        if throw and not self._past_max(max_retries):
+            self.sagaworker_executor.failures.retrying(
+                self.request.id, exc, _delay(self, eta, countdown),
+                int(self.request.retries or 0) + 1)
         return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                               countdown=countdown, max_retries=max_retries, **options)
 
@@ -87,14 +85,22 @@ class ToolTask(Task):  # type: ignore[misc]
                      eta: datetime | None, countdown: float | None) -> Any:
         """A retry asked for by a step run eagerly (no message of its own): past the task's
         retries it raises as Celery would; else the step goes to the broker (``Eager``)."""
-        limit = self.max_retries if max_retries is None else max_retries
-        if limit is not None and int(self.request.retries or 0) + 1 > limit:
+        if self._past_max(max_retries):
             if isinstance(exc, BaseException):
                 raise exc
             raise self.MaxRetriesExceededError(f"Can't retry {self.name}[{self.request.id}]")
         if not throw:  # the tool goes on and returns: its outcome is journaled as usual
             return Retry(exc=exc, when=eta or countdown)
-        raise EagerRetry(self.name)
+        # journaled before the hand-over's publish, as a delivered step's retry is: a worker
+        # lost in between leaves the sweeper the retry, when due and with its count
+        delay = _delay(self, eta, countdown)
+        self.sagaworker_executor.failures.retrying(self.request.id, exc, delay, 1)
+        raise EagerRetry(self.name, delay)
+
+    def _past_max(self, max_retries: int | None) -> bool:
+        """Celery's own test: a retry now would exceed the task's ``max_retries``."""
+        limit = self.max_retries if max_retries is None else max_retries
+        return limit is not None and int(self.request.retries or 0) + 1 > limit
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
@@ -242,15 +248,18 @@ class Executor:
         key = _current_key.set(idempotency_key(saga_id, seq, "execute"))
         held: Held = (saga_id, seq, False, token)
         self.heartbeat.hold(held)
+        self.failures.running(task_id, (saga_id, seq, token, spec, args, kwargs))
         started = time.perf_counter()
         try:
             value = settle(spec.fn(*args, **kwargs))
         except Exception as exc:
             self.heartbeat.drop(held)
+            self.failures.finished(task_id)
             self.failures.raised(task_id, spec, saga_id, seq, token, exc, args, kwargs)
             raise
         finally:
             _current_key.reset(key)
+            self.failures.finished(task_id)
             self.heartbeat.drop(held)
         return value, round((time.perf_counter() - started) * 1000, 3)
 
@@ -325,6 +334,16 @@ class Executor:
             self.rt.bus.send_failure(saga_id, reason)
         elif status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)
+
+
+def _delay(task: Task, eta: datetime | None, countdown: float | None) -> float:
+    """Seconds until the retry Celery is asked for is due (its countdown, its ETA, or the
+    task's ``default_retry_delay``, as Celery computes it)."""
+    if countdown is not None:
+        return max(float(countdown), 0.0)
+    if eta is not None:
+        return max((eta - datetime.now(UTC)).total_seconds(), 0.0)
+    return max(float(task.default_retry_delay or 0), 0.0)
 
 
 def _envelope(env: Any) -> tuple[str, int]:

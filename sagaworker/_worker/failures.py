@@ -26,20 +26,52 @@ class Failures:
         self.fail_step = fail_step
         #: task id -> (saga id, seq, token) of the attempt that raised, in this process
         self.noted: dict[str, tuple[str, int, str]] = {}
+        #: task id -> (saga id, seq, token, spec, args, kwargs) of a tool running now
+        self.live: dict[str, tuple[str, int, str, ToolSpec, Any, Any]] = {}
+
+    def running(self, task_id: str, attempt: tuple[str, int, str, ToolSpec, Any, Any]
+                ) -> None:
+        """The attempt ``task_id`` runs its tool now (a retry it asks for is journaled)."""
+        self.live[task_id] = attempt
+
+    def finished(self, task_id: str) -> None:
+        self.live.pop(task_id, None)
 
     def raised(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
                exc: Exception, args: Any, kwargs: Any) -> None:
-        status = self.rt.machine.release(saga_id, seq, token, error_text(
-            exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+        noted = self.noted.get(task_id)
+        if noted is not None and noted[2] == token:
+            return  # released already, with its retry's due time (``retrying``)
+        status = self.rt.machine.release(saga_id, seq, token, self._text(
+            spec, exc, args, kwargs))
         self.noted[task_id] = (saga_id, seq, token)
         if status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
 
-    def retrying(self, task_id: str, delay: float, retries: int) -> None:
+    def retrying(self, task_id: str, exc: Any, delay: float, retries: int) -> None:
+        """Celery is about to publish the retry ``retries`` of ``task_id``, due in
+        ``delay`` seconds: journaled first. Asked by the tool itself while it runs, the
+        attempt's lease is released in the same commit; asked by ``autoretry_for`` (the
+        tool raised, its lease is released), only the due time and count are written."""
+        live = self.live.get(task_id)
+        if live is not None:
+            saga_id, seq, token, spec, args, kwargs = live
+            status = self.rt.machine.retry_later(
+                saga_id, seq, token, self._text(spec, exc, args, kwargs), delay, retries)
+            self.noted[task_id] = (saga_id, seq, token)
+            if status is SagaStatus.COMPENSATING:
+                self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+            return
         noted = self.noted.get(task_id)
         if noted is not None:
             saga_id, seq, token = noted
             self.rt.machine.retry_due(saga_id, seq, token, delay, retries)
+
+    def _text(self, spec: ToolSpec, exc: Any, args: Any, kwargs: Any) -> str:
+        if not isinstance(exc, BaseException):
+            exc = Exception("the tool asked Celery for a retry")
+        return error_text(exc, spec.signature, args or (), kwargs or {},
+                          self.rt.settings.redact_keys)
 
     def gave_up(self, task_id: str, spec: ToolSpec, exc: BaseException, args: Any,
                 kwargs: Any) -> bool:
@@ -59,3 +91,4 @@ class Failures:
     def clear(self) -> None:
         """After a fork: nothing the parent noted is this process's."""
         self.noted.clear()
+        self.live.clear()

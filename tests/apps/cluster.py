@@ -231,8 +231,16 @@ def retried_by_hand_flow(s: FlowContext, key: str, asks: int = 1) -> list[Any]:
             s.call("tests.apps.cluster.step", key, "c")]
 
 
+def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) -> list[Any]:
+    """a, then b of a tool that asks for a retry in ``countdown`` seconds, then c."""
+    return [s.call("tests.apps.cluster.step", key, "a"),
+            s.call("tests.apps.cluster.retries_later", key, "b", asks, countdown),
+            s.call("tests.apps.cluster.step", key, "c")]
+
+
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
-         idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow)
+         idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
+         retried_later_flow)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
@@ -342,6 +350,21 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "try", name)
         if count(key, "try", name) <= asks:
             current_task.retry(exc=Boom(f"{name} asks again"), countdown=0)
+        record(key, "effect", name)
+        return name
+
+    @sw.tool(compensable_by="undo_step", max_retries=1)
+    def retries_later(key: str, name: str, asks: int, countdown: float | None) -> str:
+        """Its first ``asks`` attempts ask Celery for a retry in ``countdown`` seconds
+        (``current_task.retry(countdown=...)``, as the README shows; None: Celery's
+        default delay)."""
+        from celery import current_task
+
+        record(key, "try", name, retries=current_task.request.retries)
+        if count(key, "try", name) <= asks:
+            if countdown is None:
+                current_task.retry(exc=Boom(f"{name} asks again"))
+            current_task.retry(exc=Boom(f"{name} asks again"), countdown=countdown)
         record(key, "effect", name)
         return name
 
