@@ -106,6 +106,9 @@ class FlowContext:
         self._cursor = 0
         #: steps asked for beyond the journal, journaled together when the replay stops
         self.new: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        #: the failures this context raised from its journal (a FAILED or REJECTED step,
+        #: whose move already asked the saga to fail), told apart from the flow's own
+        self.journaled_failures: list[ToolFailed] = []
 
     def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
         """The step's journaled result (its saga waits, with no thread, until there is one)."""
@@ -145,15 +148,24 @@ class FlowContext:
             elif phase in (Phase.INTENT, Phase.AWAITING_APPROVAL):
                 raise _Suspend()
             elif phase is Phase.REJECTED:
-                raise ApprovalRejected(
+                raise self._journaled(ApprovalRejected(
                     f"step {row.seq} ({row.tool_name}) was rejected by {row.rejected_by}: "
                     f"{row.rejection_reason}", saga_id=self.saga_id, seq=row.seq,
-                    tool=row.tool_name)
+                    tool=row.tool_name))
             else:
-                raise ToolFailed(f"step {row.seq} ({row.tool_name}) {phase.value}: "
-                                 f"{row.error}", saga_id=self.saga_id, seq=row.seq,
-                                 tool=row.tool_name)
+                raise self._journaled(ToolFailed(
+                    f"step {row.seq} ({row.tool_name}) {phase.value}: {row.error}",
+                    saga_id=self.saga_id, seq=row.seq, tool=row.tool_name))
         return out
+
+    def _journaled(self, exc: ToolFailed) -> ToolFailed:
+        self.journaled_failures.append(exc)
+        return exc
+
+    def from_journal(self, exc: BaseException | None) -> bool:
+        """``exc`` is a failure this context raised from its journal (not the flow's own
+        ``ToolFailed``, which fails the saga as any other raise)."""
+        return any(exc is f for f in self.journaled_failures)
 
     @property
     def consumed(self) -> int:
@@ -197,7 +209,7 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
     except _Diverged as exc:
         return Replay(ctx, "diverged", detail=exc.detail)
     except Exception as exc:
-        if not isinstance(exc, ToolFailed) and not ctx.new and ctx.consumed < len(rows):
+        if not ctx.from_journal(exc) and not ctx.new and ctx.consumed < len(rows):
             return Replay(ctx, "diverged", error=exc,
                           detail=_unasked(rt, rows[ctx.consumed],
                                           f"raised {type(exc).__name__}"))
@@ -312,8 +324,8 @@ class Flows:
                           flow=spec.name) as s:
             run = replay(self.rt, self.producer, spec, saga, rows)
             # (no text of the flow's in the status: its reason may quote a secret)
-            s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not isinstance(
-                run.error, ToolFailed) else None)
+            s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not run.ctx.from_journal(
+                run.error) else None)
             return self._move(spec, saga, rows, run, hold) or []
 
     def _move(self, spec: FlowSpec, saga: Any, rows: list[Any], run: Replay,
@@ -335,7 +347,7 @@ class Flows:
             return None
         if run.kind == "raised":
             exc = run.error
-            if isinstance(exc, ToolFailed):
+            if run.ctx.from_journal(exc):
                 return None  # that step's failure already fails the saga
             what = (f"{type(exc).__name__}: {exc}" if isinstance(exc, SagaworkerError)
                     else f"the flow raised {type(exc).__name__}: {exc}")

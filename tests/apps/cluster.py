@@ -32,6 +32,7 @@ from sqlalchemy import select as _select
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sagaworker import (
+    ApprovalRejected,
     CompensationContext,
     FlowContext,
     Reversibility,
@@ -197,6 +198,14 @@ def pays_then_raises(s: FlowContext, key: str, cc: str) -> None:
     raise RuntimeError(f"shipping failed after paying with {cc}")
 
 
+def raises_its_own(s: FlowContext, key: str, rejected: bool = False) -> None:
+    """a, then raises a ``ToolFailed`` (``ApprovalRejected``) of its own making: no step
+    of its journal failed."""
+    s.call("tests.apps.cluster.step", key, "a")
+    kind = ApprovalRejected if rejected else ToolFailed
+    raise kind("the flow's own verdict: no stock in any warehouse")
+
+
 def pays_noisily(s: FlowContext, key: str, cc: str) -> str:
     """Pays with ``cc`` through a tool whose own log line quotes the card."""
     paid: str = s.call("tests.apps.cluster.noisy_pay", key, cc)
@@ -240,7 +249,7 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
-         retried_later_flow)
+         retried_later_flow, raises_its_own)
 
 
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:

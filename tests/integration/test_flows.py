@@ -9,7 +9,13 @@ from sqlalchemy import update
 
 from sagaworker import ApprovalInvalid, OutcomeResult, Phase, SagaStatus
 from sagaworker._journal.schema import entries
-from tests.apps.cluster import catches_failure, fan_out, gated_flow, three_steps
+from tests.apps.cluster import (
+    catches_failure,
+    fan_out,
+    gated_flow,
+    raises_its_own,
+    three_steps,
+)
 from tests.conftest import Cluster, uid, wait_for
 
 pytestmark = pytest.mark.services
@@ -61,6 +67,18 @@ def test_catching_tool_failed_changes_nothing(cluster: Cluster) -> None:
     assert res.status is SagaStatus.COMPENSATED
     assert ("effect", "never") not in kinds(cluster, key)
     assert [r.tool for r in cluster.ledger(key) if r.kind == "undo"] == ["a"]
+
+
+@pytest.mark.parametrize("rejected", [False, True], ids=["ToolFailed", "ApprovalRejected"])
+def test_a_flow_raising_tool_failed_of_its_own_fails_and_compensates(
+        cluster: Cluster, rejected: bool) -> None:
+    """A flow that raises ``ToolFailed``/``ApprovalRejected`` itself (no step of its journal
+    failed) fails its saga as any other raise: step a is undone, the reason is its text."""
+    key = uid("f")
+    res = cluster.sw.start(key, raises_its_own, key, rejected).wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert "no stock in any warehouse" in (res.error or "")
+    assert [(r.kind, r.tool) for r in cluster.ledger(key)] == [("effect", "a"), ("undo", "a")]
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
