@@ -9,13 +9,13 @@ import json
 import time
 from typing import Any, NoReturn
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from .._base.canonical import args_digest, check_text, storable
 from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.settings import Settings
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
-from .._journal.dialect import aware
+from .._journal.dialect import aware, db_now
 from .._journal.moves_base import new_token
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
@@ -109,14 +109,17 @@ class Gate:
         return signer_for(self.rt.settings)
 
     def pending(self) -> list[ApprovalRequest]:
-        """Open gates of sagas never asked to fail (a failing saga's gates are closed)."""
+        """Open gates of sagas never asked to fail (a failing saga's gates are closed),
+        nor past their deadline: closed at the read, not only once the sweeper has failed
+        the saga (``approve`` refuses them too)."""
         signer = self.signer
         with self.rt.journal.reader.connect() as conn:
             rows = conn.execute(select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
                 entries.c.phase == Phase.AWAITING_APPROVAL.value,
                 sagas.c.status.in_(OPEN_VALUES),
-                sagas.c.fail_requested_at.is_(None))
+                sagas.c.fail_requested_at.is_(None),
+                or_(sagas.c.deadline_at.is_(None), sagas.c.deadline_at > db_now()))
                 .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
             ).all()
         return [ApprovalRequest(

@@ -208,7 +208,12 @@ class Executor:
                     task_id, spec, exc, args, kwargs) else "raised")
                 span.end()
                 return False
-            if isinstance(exc, Reject | Ignore):  # no verdict of Celery's follows these
+            if isinstance(exc, Reject | Ignore):
+                # the tool's own (sagaworker's are raised before the try): no verdict of
+                # Celery's follows these, and a step needs an outcome, else the sweeper
+                # would send it again for ever. FAILED, as for an eager step.
+                span.outcome("failed" if self.failures.gave_up(
+                    task_id, spec, exc, args, kwargs) else "raised")
                 span.end()
             else:  # Celery's verdict (a retry, or FAILED in on_failure) ends the span
                 tracing.park(task_id, span)

@@ -377,6 +377,16 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", name)
         return name
 
+    @sw.tool(compensable_by="undo_step")
+    def celery_verdict(key: str, name: str, how: str) -> str:
+        """Raises Celery's ``Ignore`` or ``Reject`` itself (``how``: ignore, reject, requeue)."""
+        from celery.exceptions import Ignore, Reject
+
+        record(key, "try", name)
+        if how == "ignore":
+            raise Ignore()
+        raise Reject(f"{name} rejects its message", requeue=how == "requeue")
+
     @sw.tool(compensable_by="undo_step", idempotent=True)
     def idem(key: str, name: str, sleep: float = 0.0) -> str:
         record(key, "try", name)

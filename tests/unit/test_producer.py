@@ -97,6 +97,23 @@ def test_gated_step_is_not_published_and_awaits(sqlite_sw: Sagaworker) -> None:
         saga.complete()
 
 
+def test_a_gate_past_its_sagas_deadline_is_not_pending(sqlite_sw: Sagaworker) -> None:
+    """Once a saga's deadline has passed its gates are closed at the read: no sweeper pass
+    needed for ``pending_approvals()`` to stop handing out their tokens."""
+    from sqlalchemy import update
+
+    from sagaworker._journal.schema import sagas
+
+    _, ship = tools(sqlite_sw)
+    sqlite_sw.begin("o-late", deadline=3600).enqueue(ship, "order-7")
+    sqlite_sw.begin("o-open", deadline=3600).enqueue(ship, "order-8")
+    assert [r.saga_id for r in sqlite_sw.pending_approvals()] == ["o-late", "o-open"]
+    with sqlite_sw.journal.engine.begin() as conn:  # the deadline passes (no sweeper runs)
+        conn.execute(update(sagas).where(sagas.c.saga_id == "o-late").values(
+            deadline_at=sagas.c.created_at))
+    assert [r.saga_id for r in sqlite_sw.pending_approvals()] == ["o-open"]
+
+
 def test_fail_is_journaled_and_blocks_new_steps(sqlite_sw: Sagaworker) -> None:
     """saga.fail journals the request first (a lost message is found again)."""
     reserve, _ = tools(sqlite_sw)
