@@ -66,35 +66,40 @@ class Sweeper:
 
     # -- taking rows on a backoff -------------------------------------------------------
 
-    def _take(self, table: Table, keys: list[Any], where: Any, still: Any = None) -> list[Any]:
+    def _take(self, table: Table, keys: list[Any], where: Any, still: Any = None, *,
+              cap: float = _MAX_BACKOFF) -> list[Any]:
         """The rows matching ``where`` whose resend is due, each taken by one sweeper if it
         still matches ``still`` (by default ``where``: a row that moved on between the read
-        and the take, a step claimed, a chain touched, is not sent again)."""
-        return self._claim(table, keys, self._due(table, keys, where),
-                           where if still is None else still)
+        and the take, a step claimed, a chain touched, is not sent again). ``cap``: the
+        longest backoff; a resend scheduled further out than that is due now."""
+        return self._claim(table, keys, self._due(table, keys, where, cap),
+                           where if still is None else still, cap)
 
     @staticmethod
-    def _resend_due(table: Table) -> Any:
-        return or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+    def _resend_due(table: Table, cap: float = _MAX_BACKOFF) -> Any:
+        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
+        return due if cap >= _MAX_BACKOFF else or_(due, table.c.resend_at > db_later(cap))
 
-    def _due(self, table: Table, keys: list[Any], where: Any) -> list[Any]:
+    def _due(self, table: Table, keys: list[Any], where: Any,
+             cap: float = _MAX_BACKOFF) -> list[Any]:
         """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
         with self.rt.journal.engine.connect() as conn:
             # a stable order (oldest key first): a resend pass is reproducible, and a long
             # backlog is worked through rather than sampled by the heap's order
-            return list(conn.execute(select(table).where(where, self._resend_due(table))
+            return list(conn.execute(select(table).where(where, self._resend_due(table, cap))
                                      .order_by(*[table.c[k] for k in keys])
                                      .limit(_BATCH)).all())
 
-    def _claim(self, table: Table, keys: list[Any], found: list[Any], still: Any) -> list[Any]:
+    def _claim(self, table: Table, keys: list[Any], found: list[Any], still: Any,
+               cap: float = _MAX_BACKOFF) -> list[Any]:
         """Each row of ``found`` whose resend is still due and that still matches ``still``,
         taken with a compare-and-set (of many sweepers one takes it) and put on its
         backoff."""
         base = self.rt.settings.relay_after
-        due = self._resend_due(table)
+        due = self._resend_due(table, cap)
         taken = []
         for r in found:
-            delay = min(base * 2 ** min(r.resends, 12), _MAX_BACKOFF)
+            delay = min(base * 2 ** min(r.resends, 12), cap)
             with self.rt.journal.engine.begin() as conn:
                 got = conn.execute(
                     update(table)
@@ -105,8 +110,8 @@ class Sweeper:
                 taken.append(r)
         return taken
 
-    def _sagas(self, where: Any) -> list[Any]:
-        return self._take(sagas, ["saga_id"], where)
+    def _sagas(self, where: Any, *, cap: float = _MAX_BACKOFF) -> list[Any]:
+        return self._take(sagas, ["saga_id"], where, cap=cap)
 
     def _entries(self, where: Any, still: Any = None) -> list[Any]:
         return self._take(entries, ["saga_id", "seq"], where, still)
@@ -128,11 +133,21 @@ class Sweeper:
         return len(rows)
 
     def _chains(self) -> int:
-        """Compensation chains that stopped moving (their worker died, a message lost)."""
-        rows = self._sagas(and_(
-            sagas.c.status == SagaStatus.COMPENSATING.value,
-            func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at)
-            < self._ago(self.rt.settings.lease_seconds)))
+        """Compensation chains that stopped moving (their worker died, a message lost).
+        A chain waits (no undo) while a forward step of its saga runs, and is resent on
+        the usual backoff, doubling towards an hour. Once no forward step runs, the step
+        it waited on has an outcome whose message should have resumed it: if that message
+        was lost, the chain is resent at once and then on a short backoff (``lease`` at
+        most), never left to the hour its long wait earned."""
+        s = self.rt.settings
+        stalled = and_(sagas.c.status == SagaStatus.COMPENSATING.value,
+                       func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at)
+                       < self._ago(s.lease_seconds))
+        running = select(entries.c.seq).where(
+            entries.c.saga_id == sagas.c.saga_id, entries.c.phase == Phase.INTENT.value,
+            entries.c.lease_until.is_not(None), entries.c.lease_until >= db_now()).exists()
+        rows = [*self._sagas(and_(stalled, running)),
+                *self._sagas(and_(stalled, ~running), cap=max(s.lease_seconds, s.relay_after))]
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("compensation_resumed")

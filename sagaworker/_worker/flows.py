@@ -106,8 +106,7 @@ class FlowContext:
         self._cursor = 0
         #: steps asked for beyond the journal, journaled together when the replay stops
         self.new: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-        #: the failures this context raised from its journal (a FAILED or REJECTED step,
-        #: whose move already asked the saga to fail), told apart from the flow's own
+        #: failures raised from the journal (their step's move failed the saga already)
         self.journaled_failures: list[ToolFailed] = []
 
     def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -163,8 +162,7 @@ class FlowContext:
         return exc
 
     def from_journal(self, exc: BaseException | None) -> bool:
-        """``exc`` is a failure this context raised from its journal (not the flow's own
-        ``ToolFailed``, which fails the saga as any other raise)."""
+        """``exc`` came from the journal, not the flow's own (which fails the saga)."""
         return any(exc is f for f in self.journaled_failures)
 
     @property

@@ -50,7 +50,7 @@ class RecordingBus:
 
     def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
                      kwargs: dict[str, Any], task_id: str, queue: str | None, *,
-                     retries: int = 0) -> bool:
+                     retries: int = 0, countdown: float | None = None) -> bool:
         if saga_id in self.sagas:
             self.messages.append(("step", saga_id, seq, tool))
         return True
