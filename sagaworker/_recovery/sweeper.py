@@ -18,6 +18,7 @@ from sqlalchemy import Table, and_, func, or_, select, update
 
 from .._base.types import OPEN_VALUES, EntryRecord, Phase, SagaStatus
 from .._journal.dialect import aware, db_later, db_now
+from .._journal.raw_rows import opened, raw_select, why_unreadable
 from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
@@ -39,7 +40,7 @@ class Sweeper:
         self.rt = rt
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
-        return [entry_record(r) for r in self.rt.journal.orphans(older_than)]
+        return [entry_record(r) for r in _readable(self.rt.journal.orphans(older_than), self.rt)]
 
     def log_orphans(self) -> int:
         rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
@@ -56,10 +57,10 @@ class Sweeper:
 
     def sweep(self) -> dict[str, int]:
         """One pass; returns how many of each kind of work it sent again."""
-        counts = {"deadlines": self._deadlines(), "failures": self._failures(),
-                  "chains": self._chains(), "relayed": self._relay(),
-                  "retries": self._retries(), "in_doubt": self._in_doubt(),
-                  "flows": self._flows(), "idle": self._idle()}
+        counts = _each_stage({
+            "deadlines": self._deadlines, "failures": self._failures,
+            "chains": self._chains, "relayed": self._relay, "retries": self._retries,
+            "in_doubt": self._in_doubt, "flows": self._flows, "idle": self._idle})
         if any(counts.values()):
             log.info("sweep", **counts)
         return counts
@@ -82,7 +83,7 @@ class Sweeper:
         with self.rt.journal.engine.connect() as conn:
             # a stable order (oldest key first): a resend pass is reproducible, and a long
             # backlog is worked through rather than sampled by the heap's order
-            return list(conn.execute(select(table).where(where, self._resend_due(table))
+            return list(conn.execute(raw_select(table).where(where, self._resend_due(table))
                                      .order_by(*[table.c[k] for k in keys])
                                      .limit(_BATCH)).all())
 
@@ -148,7 +149,7 @@ class Sweeper:
                                           sagas.c.deadline_at < db_now()).limit(_BATCH))
         n = 0
         for r in rows:
-            saga = self.rt.machine.fail_overdue(r.saga_id)
+            saga = _fail_overdue(self.rt, r.saga_id)
             if saga is None:
                 continue
             n += 1
@@ -188,7 +189,7 @@ class Sweeper:
             (entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
             | (entries.c.updated_at > self._ago(self.rt.settings.idle_after)))
         rows = self.rt.journal.stale(
-            select(sagas).where(
+            select(sagas.c.saga_id, sagas.c.updated_at).where(  # no user data: nothing to open
                 sagas.c.flow.is_(None), sagas.c.status == SagaStatus.RUNNING.value,
                 sagas.c.fail_requested_at.is_(None),
                 sagas.c.updated_at < self._ago(self.rt.settings.idle_after),
@@ -295,6 +296,7 @@ class Sweeper:
 
     def _resend(self, rows: list[Any], event: str | None) -> int:
         publish: Callable[..., bool] = self.rt.bus.publish_step
+        rows = _readable(rows, self.rt, ("args", "kwargs"))
         for r in rows:
             if event:
                 log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
@@ -303,4 +305,45 @@ class Sweeper:
                 publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs),
                         r.task_id, r.queue, retries=r.celery_retries)
         return len(rows)
+
+
+def _each_stage(stages: dict[str, Callable[[], int]]) -> dict[str, int]:
+    """Run each stage on its own: one that fails is logged (``sweep_stage_failed``) and
+    counts 0, the others still run (no row of one kind stops the relay on every worker)."""
+    counts = {}
+    for name, stage in stages.items():
+        try:
+            counts[name] = stage()
+        except Exception as exc:  # a database blip, a row no read expected
+            counts[name] = 0
+            log.error("sweep_stage_failed", stage=name, error=f"{type(exc).__name__}: {exc}")
+    return counts
+
+
+def _readable(rows: list[Any], rt: Runtime, only: tuple[str, ...] | None = None) -> list[Any]:
+    """Entry rows fetched as stored (``raw_select``), opened (the columns ``only`` names,
+    if given); one that cannot be is logged and skipped, the pass goes on (a step the relay
+    took stays on its backoff)."""
+    out = []
+    for raw in rows:
+        try:
+            out.append(opened(raw, entries, rt.journal.engine.dialect, only))
+        except Exception as exc:
+            _unreadable(exc, saga_id=raw.saga_id, seq=raw.seq, tool=raw.tool_name)
+    return out
+
+
+def _fail_overdue(rt: Runtime, saga_id: str) -> Any:
+    """``fail_overdue``; a saga whose row cannot be read is logged and skipped (None), so
+    one such saga never stops the deadlines of the others, nor the stages after them."""
+    try:
+        return rt.machine.fail_overdue(saga_id)
+    except Exception as exc:
+        _unreadable(exc, saga_id=saga_id)
+        return None
+
+
+def _unreadable(exc: Exception, **row: Any) -> None:
+    """A row the sweeper skipped: logged, the pass goes on."""
+    log.warning("sweep_row_unreadable", error=why_unreadable(exc), **row)
 
