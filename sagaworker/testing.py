@@ -43,7 +43,7 @@ from ._journal.dialect import db_later, make_engine
 from ._journal.repository import Journal
 from ._journal.schema import entries
 from ._recovery.compensation import current_compensation
-from ._worker.flows import replay
+from ._worker.replay import replay
 
 if TYPE_CHECKING:
     from ._core.sagaworker import Sagaworker

@@ -20,8 +20,8 @@ from kombu.utils.json import object_hook as _kombu_hook
 
 from .errors import BadInput
 
-__all__ = ["RESERVED_KEY", "args_digest", "bad_argument", "canonical_args", "check_json",
-           "check_text", "from_wire", "not_json", "storable", "to_wire"]
+__all__ = ["RESERVED_KEY", "args_digest", "bad_argument", "canonical_args", "check_arguments",
+           "check_json", "check_text", "from_wire", "not_json", "storable", "to_wire"]
 
 _NATIVE = (str, int, float, bool, type(None))
 
@@ -60,8 +60,10 @@ def args_digest(args: Any, kwargs: Any) -> str:
     return hashlib.sha256(canonical_args(args, kwargs).encode()).hexdigest()
 
 
-def not_json(value: Any) -> str | None:
-    """None when ``value`` can be journaled, else the type that cannot (``set``, ``nan``)."""
+def not_json(value: Any, *, strict: bool = False) -> str | None:
+    """None when ``value`` can be journaled, else the type that cannot (``set``, ``nan``).
+    ``strict`` (a producer's input): a dict shaped like kombu's type tag is refused even
+    when kombu decodes it, as it would read back as another type than the caller gave."""
     try:
         _dumps(value)
     except _NotJSON as exc:
@@ -73,7 +75,7 @@ def not_json(value: Any) -> str | None:
     except TypeError:  # keys that cannot be sorted (1 and "b"), a tuple as a key
         return "dict whose keys are not all str"
     try:
-        return _tag_problem(value)
+        return _tag_problem(value, strict)
     except RecursionError:
         return "structure nested too deeply"
 
@@ -82,39 +84,65 @@ def not_json(value: Any) -> str | None:
 RESERVED_KEY = "$sagaworker_enc"
 
 
-def _tag_problem(value: Any) -> str | None:
+#: what a dict holding the encrypted-value key, or shaped like kombu's type tag, is called
+RESERVED_DICT = f"dict with the key {RESERVED_KEY!r}, which the journal reserves"
+TAG_DICT = "dict shaped like kombu's type tag ({'__type__', '__value__'})"
+#: problems a key's name makes: renaming the key is the fix
+_KEY_PROBLEMS = (RESERVED_DICT, TAG_DICT, "dict key with a NUL character")
+_RENAME = ("rename the key (the journal would read the value back as something else); "
+           "nothing was journaled")
+
+
+def _is_tag(d: dict[Any, Any]) -> bool:
+    return len(d) == 2 and "__type__" in d and "__value__" in d
+
+
+def _dict_problem(d: dict[Any, Any], strict: bool) -> str | None:
+    """What in this dict's own keys would journal but not read back as this dict."""
+    if _is_tag(d):
+        if strict:
+            return TAG_DICT
+        try:
+            _kombu_hook(dict(d))
+        except Exception:
+            return TAG_DICT
+    if RESERVED_KEY in d:
+        return RESERVED_DICT
+    if any(isinstance(k, str) and "\x00" in k for k in d):
+        return "dict key with a NUL character"
+    return None
+
+
+def _tag_problem(value: Any, strict: bool = False) -> str | None:
     """What would journal but never read back: a dict shaped like kombu's type tag that
-    kombu cannot decode (kombu raises on an unknown ``__type__``), a dict holding the
-    encrypted-value key, a string with a NUL (PostgreSQL's JSON has no such character)."""
+    kombu cannot decode (any, when ``strict``), a dict holding the encrypted-value key, a
+    string with a NUL (PostgreSQL's JSON has no such character). A dict subclass counts as
+    a dict (JSON writes it as one)."""
     t = type(value)
     if t is str:
         return "string with a NUL character" if "\x00" in value else None
-    if t is dict:
-        if len(value) == 2 and "__type__" in value and "__value__" in value:
-            try:
-                _kombu_hook(dict(value))
-            except Exception:
-                return "dict shaped like kombu's type tag ({'__type__', '__value__'})"
-        if RESERVED_KEY in value:
-            return f"dict with the key {RESERVED_KEY!r}, which the journal reserves"
-        bad_key = next((k for k in value if isinstance(k, str) and "\x00" in k), None)
-        if bad_key is not None:
-            return "dict key with a NUL character"
+    if isinstance(value, dict):
+        bad = _dict_problem(value, strict)
+        if bad is not None:
+            return bad
         values: Any = value.values()
     elif t is list or t is tuple:
         values = value
     else:
         return None
     for v in values:
-        bad = _tag_problem(v)
+        bad = _tag_problem(v, strict)
         if bad is not None:
             return bad
     return None
 
 
-def check_json(value: Any, what: str) -> str:
-    """Encode ``value`` as the journal stores it, or raise BadInput naming the type."""
-    bad = not_json(value)
+def check_json(value: Any, what: str, *, strict: bool = False) -> str:
+    """Encode ``value`` as the journal stores it, or raise BadInput naming the type (or
+    the key to rename; ``strict`` as for ``not_json``)."""
+    bad = not_json(value, strict=strict)
+    if bad in _KEY_PROBLEMS:
+        raise BadInput(f"{what} cannot be journaled: it holds a {bad}; {_RENAME}")
     if bad is not None:
         raise BadInput(
             f"{what} is not JSON: it holds a {bad}; pass and return what Celery's JSON "
@@ -136,34 +164,72 @@ def to_wire(value: Any) -> Any:
     return json.loads(json.dumps(value, cls=_Encoder, allow_nan=False))
 
 
-def from_wire(value: Any) -> Any:
-    """A stored value as kombu decodes it (tagged datetimes, Decimals, UUIDs come back)."""
+def from_wire(value: Any, *, container: bool = False) -> Any:
+    """A stored value as kombu decodes it (tagged datetimes, Decimals, UUIDs come back).
+    ``container``: the value is a dict by construction (kwargs, metadata), so its own keys
+    are never taken for a type tag, only the values in it."""
     t = type(value)
     if t is list:
         return [from_wire(v) for v in value]
     if t is dict:
         d = {k: from_wire(v) for k, v in value.items()}
-        return _kombu_hook(d) if len(d) == 2 and "__type__" in d and "__value__" in d else d
+        return _kombu_hook(d) if not container and _is_tag(d) else d
     return value
 
 
 def bad_argument(signature: inspect.Signature | None, args: Any, kwargs: Any) -> str | None:
-    """``argument 'card' holds a set``: the first argument that cannot be journaled,
-    named by its parameter (positional ones bound through ``signature``), or None."""
+    """``argument 'card' holds a set``: the first argument that cannot be journaled (or
+    would read back as something else: a producer's input is checked strictly), named by
+    its parameter (positional ones bound through ``signature``), or None. Keyword names
+    come first: the kwargs are one dict, and its keys could make it a type tag or an
+    encrypted value."""
+    names_bad = _keyword_problem(dict(kwargs))
+    if names_bad is not None:
+        return names_bad
     names: list[str] = []
     if signature is not None:
         names = [p.name for p in signature.parameters.values()
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     for i, value in enumerate(args):
-        bad = not_json(value)
+        bad = not_json(value, strict=True)
         if bad is not None:
             name = repr(names[i]) if i < len(names) else f"#{i + 1} (positional)"
             return f"argument {name} holds a {bad}"
     for key, value in dict(kwargs).items():
-        bad = not_json(value)
+        bad = not_json(value, strict=True)
         if bad is not None:
             return f"argument {key!r} holds a {bad}"
     return None
+
+
+def _keyword_problem(kwargs: dict[str, Any]) -> str | None:
+    """The keyword names that would make the kwargs read back as something else."""
+    bad = _dict_problem(kwargs, strict=True)
+    if bad == TAG_DICT:
+        return (f"keyword arguments '__type__' and '__value__' together make a {TAG_DICT}, "
+                "which the journal would read back as another type")
+    if bad == RESERVED_DICT:
+        return (f"keyword argument {RESERVED_KEY!r} is the key the journal reserves for an "
+                "encrypted value, which would make the arguments unreadable")
+    if bad is not None:
+        return "a keyword argument's name holds a NUL character"
+    return None
+
+
+def check_arguments(signature: inspect.Signature | None, args: Any, kwargs: Any,
+                    what: str) -> None:
+    """Raise BadInput naming the first argument of ``what`` (``arguments of tool 'x'``)
+    that cannot be journaled, with the fix: rename a key, or pass what JSON carries."""
+    bad = bad_argument(signature, args, kwargs)
+    if bad is None:
+        return
+    if bad.startswith(("keyword argument", "a keyword argument")) or bad.endswith(
+            _KEY_PROBLEMS):
+        raise BadInput(f"{what} cannot be journaled: {bad}; {_RENAME}")
+    raise BadInput(
+        f"{what} are not JSON: {bad}; pass what Celery's JSON carries (str, int, float, "
+        "bool, None, list, dict, datetime, date, time, Decimal, UUID, or a type "
+        "registered with kombu.utils.json.register_type), e.g. an id instead of an object")
 
 
 def check_size(encoded: str, what: str, limit: int) -> None:

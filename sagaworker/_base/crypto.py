@@ -7,8 +7,10 @@ one decrypts (``MultiFernet``), so a new key is put first and the old ones stay 
 The journal's JSON columns that carry user data are of type :class:`SealedJSON`. With a
 cipher attached to the engine, a value is stored as ``{"$sagaworker_enc": "<Fernet token of
 its JSON>"}``; a clear value reads as it is, so a journal written before the keys were set
-still reads. Reading an encrypted value without keys, or with keys none of which decrypts
-it, raises :class:`ConfigurationError` naming the setting, never a garbage value.
+still reads (a value is taken for ciphertext only when it is that one key holding a string
+shaped like a Fernet token). Reading an encrypted value without keys, or with keys none of
+which decrypts it, raises :class:`ConfigurationError` naming the setting, never a garbage
+value.
 
 The cipher is found through the engine's dialect (one per engine): each ``Sagaworker``
 attaches its own when it makes its engine, so several in one process, each with its own
@@ -131,8 +133,29 @@ def cipher_for(engine: Engine) -> Cipher | None:
 
 
 def is_sealed(value: Any) -> bool:
+    """``value`` is a stored wrapper: the one key ``MARKER`` holding a string shaped like a
+    Fernet token. Anything else (a dict that got in with that key, journaled before the
+    key was refused in user data) is clear data and reads as it is, asking for no key."""
     return (isinstance(value, dict) and len(value) == 1
-            and isinstance(value.get(MARKER), str))
+            and isinstance(token := value.get(MARKER), str) and _is_token(token))
+
+
+#: a Fernet token's bytes around its ciphertext: version, timestamp, IV, then the HMAC
+_FERNET_OVERHEAD = 1 + 8 + 16 + 32
+
+
+def _is_token(token: str) -> bool:
+    """Shaped like a Fernet token: url-safe base64 of version 0x80, a timestamp, an IV,
+    whole AES blocks (one at least) and an HMAC. Says nothing of whether a key opens it."""
+    import base64
+    import binascii
+
+    try:
+        raw = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return False
+    body = len(raw) - _FERNET_OVERHEAD
+    return raw[:1] == b"\x80" and body >= 16 and body % 16 == 0
 
 
 class SealedJSON(TypeDecorator[Any]):
@@ -140,14 +163,17 @@ class SealedJSON(TypeDecorator[Any]):
 
     ``what`` names the column in errors. ``None`` is stored as it always was (it tells
     nothing), and the args digest is taken over the clear values before they get here.
+    ``container``: the column holds a dict by construction (kwargs, metadata), whose own
+    keys are never read as kombu's type tag.
     """
 
     impl = JSON
     cache_ok = True
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, container: bool = False) -> None:
         super().__init__()
         self.what = what
+        self.container = container
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
@@ -161,10 +187,10 @@ class SealedJSON(TypeDecorator[Any]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         if not is_sealed(value):
-            return from_wire(value)
+            return from_wire(value, container=self.container)
         cipher = _ciphers.get(dialect)
         if cipher is None:
             raise ConfigurationError(
                 f"{self.what} in the journal is encrypted; set {SETTING} to the keys it was "
                 "written with (the same value the workers have) to read it")
-        return from_wire(cipher.open(value, self.what))
+        return from_wire(cipher.open(value, self.what), container=self.container)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from celery import Celery
 
-from .._base.canonical import check_json, check_size, check_text, storable
+from .._base.canonical import check_arguments, check_json, check_size, check_text, storable
 from .._base.errors import BadInput, ConfigurationError, SagaNotFound
 from .._base.registry import Registry, ToolSpec
 from .._base.settings import Settings
@@ -190,14 +190,27 @@ class Sagaworker(AsyncTwins):
         self.ensure_valid()
         _check_id(saga_id)
         self._check_metadata(metadata)
+        self._check_flow_arguments(flow, args, kwargs)
         tx = None if connection is None else AppTx(self.journal.engine, connection)
         traced = self.flows.start(saga_id, flow, args, kwargs, metadata, _deadline(deadline),
                                   tx)
         return Saga(self.rt, self.producer, saga_id, traced)
 
     def _check_metadata(self, metadata: dict[str, Any] | None) -> None:
-        check_size(check_json(metadata or {}, "saga metadata"), "the saga's metadata",
-                   self.settings.max_args_bytes)
+        # strict: metadata shaped like kombu's type tag read back as a datetime, and every
+        # listing failed on it
+        check_size(check_json(metadata or {}, "saga metadata", strict=True),
+                   "the saga's metadata", self.settings.max_args_bytes)
+
+    def _check_flow_arguments(self, flow: Any, args: tuple[Any, ...],
+                              kwargs: dict[str, Any]) -> None:
+        """Refuse a flow's arguments that would read back as something else (a keyword
+        named like the journal's encrypted-value key or kombu's type tag) before the flow
+        is journaled; the flow's own start checks that they are JSON at all."""
+        spec = self.flows.spec_of(flow)
+        sig = inspect.signature(spec.fn)
+        check_arguments(sig.replace(parameters=list(sig.parameters.values())[1:]), args,
+                        kwargs, f"the arguments of flow {spec.name!r}")
 
     def abort(self, saga_id: str, *, reason: str, actor: str) -> None:
         """An operator fails a running saga; it compensates (event ``saga_aborted``)."""

@@ -14,7 +14,9 @@ from sqlalchemy.exc import IntegrityError
 
 from .._base.errors import SagaNotFound
 from .._base.types import TERMINAL, Phase, SagaRecord, SagaStatus
-from .dialect import db_later
+from .._observe.logging import get_logger
+from .dialect import aware, db_later
+from .raw_rows import UnreadableSaga, opened, raw_select, why_unreadable
 from .rows import to_saga_record
 from .schema import entries, sagas
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 __all__ = ["Claiming", "JournalReads", "NewEntry"]
+
+_log = get_logger()
 
 
 @dataclass
@@ -132,25 +136,45 @@ class JournalReads:
         return to_saga_record(saga, rows)
 
     def list_sagas(self, status: SagaStatus | str | None, limit: int) -> list[SagaRecord]:
+        return self.scan_sagas(status, limit)[0]
+
+    def scan_sagas(self, status: SagaStatus | str | None, limit: int
+                   ) -> tuple[list[SagaRecord], list[UnreadableSaga]]:
+        """The newest sagas as records, and those it could not read (logged
+        ``saga_unreadable``): one saga no key opens never fails the listing."""
         with self.reader.connect() as conn:
-            q = select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
+            q = raw_select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
             if status is not None:
                 q = q.where(sagas.c.status == SagaStatus(status).value)
             rows = conn.execute(q.limit(limit)).all()
             ids = [r.saga_id for r in rows]
-            ents = conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
+            ents = conn.execute(raw_select(entries).where(entries.c.saga_id.in_(ids))
                                 .order_by(entries.c.saga_id, entries.c.seq)).all() if ids else []
         by: dict[str, list[Any]] = {}
         for e in ents:
             by.setdefault(e.saga_id, []).append(e)
-        return [to_saga_record(r, by.get(r.saga_id, [])) for r in rows]
+        dialect = self.reader.dialect
+        records: list[SagaRecord] = []
+        unreadable: list[UnreadableSaga] = []
+        for r in rows:
+            try:
+                records.append(to_saga_record(
+                    opened(r, sagas, dialect),
+                    [opened(e, entries, dialect) for e in by.get(r.saga_id, [])]))
+            except Exception as exc:  # whatever the row holds, the others are listed
+                why = why_unreadable(exc)
+                _log.warning("saga_unreadable", saga_id=r.saga_id, status=r.status, error=why)
+                unreadable.append(UnreadableSaga(r.saga_id, r.status, aware(r.created_at),
+                                                 why))
+        return records, unreadable
 
     def orphans(self, older_than: float) -> list[Any]:
+        """INTENT rows older than ``older_than`` s, user data as stored (``raw_rows``)."""
         cutoff = db_later(-older_than)
         with self.reader.connect() as conn:
             return list(conn.execute(
-                select(entries).where(entries.c.phase == Phase.INTENT.value,
-                                      entries.c.created_at < cutoff)
+                raw_select(entries).where(entries.c.phase == Phase.INTENT.value,
+                                          entries.c.created_at < cutoff)
                 .order_by(entries.c.created_at)).all())
 
     def stale(self, query: Any) -> list[Any]:

@@ -28,10 +28,12 @@ metadata = MetaData()
 _ts = DateTime(timezone=True)
 
 
-def _sealed(table: str, column: str, *, nullable: bool = True) -> Column[Any]:
+def _sealed(table: str, column: str, *, nullable: bool = True,
+            container: bool = False) -> Column[Any]:
     """A JSON column of user data: encrypted at rest when SAGAWORKER_ENCRYPTION_KEYS is set
-    (``_crypto``); the same JSON/JSONB column in the database either way."""
-    return Column(column, SealedJSON(f"{table}.{column}"), nullable=nullable)
+    (``_crypto``); the same JSON/JSONB column in the database either way. ``container``:
+    it always holds a dict (kwargs, metadata), never read as a kombu type tag itself."""
+    return Column(column, SealedJSON(f"{table}.{column}", container), nullable=nullable)
 
 
 sagas = Table(
@@ -40,7 +42,7 @@ sagas = Table(
     Column("saga_id", String(200), primary_key=True),
     Column("status", String(32), nullable=False),
     Column("reason", Text),
-    _sealed("sagaworker_sagas", "metadata", nullable=False),
+    _sealed("sagaworker_sagas", "metadata", nullable=False, container=True),
     Column("created_at", _ts, nullable=False),
     Column("updated_at", _ts, nullable=False),
     # next seq to hand out; bumped in the enqueue transaction
@@ -66,7 +68,7 @@ sagas = Table(
     Column("deadline_at", _ts),
     Column("flow", String(300)),
     _sealed("sagaworker_sagas", "flow_args"),
-    _sealed("sagaworker_sagas", "flow_kwargs"),
+    _sealed("sagaworker_sagas", "flow_kwargs", container=True),
     # a flow's journaled return value (SagaResult.value)
     _sealed("sagaworker_sagas", "result"),
     # the last time a worker advanced the flow (for people to read), and how many of the
@@ -99,7 +101,7 @@ entries = Table(
     Column("tool_name", String(300), nullable=False),
     Column("phase", String(32), nullable=False),
     _sealed("sagaworker_entries", "args", nullable=False),
-    _sealed("sagaworker_entries", "kwargs", nullable=False),
+    _sealed("sagaworker_entries", "kwargs", nullable=False, container=True),
     Column("args_digest", String(64), nullable=False),
     Column("queue", String(200)),
     Column("task_id", String(64)),

@@ -9,7 +9,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._base.canonical import args_digest, bad_argument, canonical_args, check_size, storable
+from .._base.canonical import (
+    args_digest,
+    canonical_args,
+    check_arguments,
+    check_size,
+    storable,
+)
 from .._base.errors import BadInput, SagaworkerError
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
@@ -53,13 +59,7 @@ class Producer:
             except TypeError as exc:
                 raise BadInput(f"malformed arguments for tool {spec.name!r}: {exc}; call it "
                                f"as {spec.name}{spec.signature}") from exc
-        bad = bad_argument(spec.signature, args, kwargs)
-        if bad is not None:
-            raise BadInput(
-                f"arguments of tool {spec.name!r} are not JSON: {bad}; pass what Celery's "
-                "JSON carries (str, int, float, bool, None, list, dict, datetime, date, "
-                "time, Decimal, UUID, or a type registered with "
-                "kombu.utils.json.register_type), e.g. an id instead of an object")
+        check_arguments(spec.signature, args, kwargs, f"arguments of tool {spec.name!r}")
         encoded = canonical_args(args, kwargs)
         if spec.gated:
             # a gate that nobody could ever decide must not be journaled

@@ -14,21 +14,23 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import Table, and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from .._base.types import OPEN_VALUES, EntryRecord, Phase, SagaStatus
-from .._journal.dialect import aware, db_later, db_now
+from .._journal.dialect import aware, db_now
+from .._journal.raw_rows import opened, why_unreadable
 from .._journal.rows import entry_record
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe import tracing
 from .._observe.logging import get_logger
+from .resends import MAX_BACKOFF, Resends
 
 __all__ = ["Sweeper"]
 
 log = get_logger()
 _BATCH = 500
-_MAX_BACKOFF = 3600.0
+
 _ASK_ROUNDS = 16  # rounds of asking the broker about a relay batch's queues
 _OPEN = list(OPEN_VALUES)
 _PENDING = [Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]  # no outcome yet
@@ -37,9 +39,10 @@ _PENDING = [Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]  # no outcome yet
 class Sweeper:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.resends = Resends(rt)
 
     def orphans(self, older_than: float) -> list[EntryRecord]:
-        return [entry_record(r) for r in self.rt.journal.orphans(older_than)]
+        return [entry_record(r) for r in _readable(self.rt.journal.orphans(older_than), self.rt)]
 
     def log_orphans(self) -> int:
         rows = self.rt.journal.orphans(self.rt.settings.orphan_after)
@@ -56,77 +59,22 @@ class Sweeper:
 
     def sweep(self) -> dict[str, int]:
         """One pass; returns how many of each kind of work it sent again."""
-        counts = {"deadlines": self._deadlines(), "failures": self._failures(),
-                  "chains": self._chains(), "relayed": self._relay(),
-                  "retries": self._retries(), "in_doubt": self._in_doubt(),
-                  "flows": self._flows(), "idle": self._idle()}
+        counts = _each_stage({
+            "deadlines": self._deadlines, "failures": self._failures,
+            "chains": self._chains, "relayed": self._relay, "retries": self._retries,
+            "in_doubt": self._in_doubt, "flows": self._flows, "idle": self._idle})
         if any(counts.values()):
             log.info("sweep", **counts)
         return counts
-
-    # -- taking rows on a backoff -------------------------------------------------------
-
-    def _take(self, table: Table, keys: list[Any], where: Any, still: Any = None, *,
-              cap: float = _MAX_BACKOFF) -> list[Any]:
-        """The rows matching ``where`` whose resend is due, each taken by one sweeper if it
-        still matches ``still`` (by default ``where``: a row that moved on between the read
-        and the take, a step claimed, a chain touched, is not sent again). ``cap``: the
-        longest backoff; a resend scheduled further out than that is due now."""
-        return self._claim(table, keys, self._due(table, keys, where, cap),
-                           where if still is None else still, cap)
-
-    @staticmethod
-    def _resend_due(table: Table, cap: float = _MAX_BACKOFF) -> Any:
-        due = or_(table.c.resend_at.is_(None), table.c.resend_at < db_now())
-        return due if cap >= _MAX_BACKOFF else or_(due, table.c.resend_at > db_later(cap))
-
-    def _due(self, table: Table, keys: list[Any], where: Any,
-             cap: float = _MAX_BACKOFF) -> list[Any]:
-        """Up to a batch of rows matching ``where`` whose resend is due, not yet taken."""
-        with self.rt.journal.engine.connect() as conn:
-            # a stable order (oldest key first): a resend pass is reproducible, and a long
-            # backlog is worked through rather than sampled by the heap's order
-            return list(conn.execute(select(table).where(where, self._resend_due(table, cap))
-                                     .order_by(*[table.c[k] for k in keys])
-                                     .limit(_BATCH)).all())
-
-    def _claim(self, table: Table, keys: list[Any], found: list[Any], still: Any,
-               cap: float = _MAX_BACKOFF) -> list[Any]:
-        """Each row of ``found`` whose resend is still due and that still matches ``still``,
-        taken with a compare-and-set (of many sweepers one takes it) and put on its
-        backoff."""
-        base = self.rt.settings.relay_after
-        due = self._resend_due(table, cap)
-        taken = []
-        for r in found:
-            delay = min(base * 2 ** min(r.resends, 12), cap)
-            with self.rt.journal.engine.begin() as conn:
-                got = conn.execute(
-                    update(table)
-                    .where(*[table.c[k] == getattr(r, k) for k in keys], due,
-                           table.c.resends == r.resends, still)
-                    .values(resend_at=db_later(delay), resends=table.c.resends + 1)).rowcount
-            if got:
-                taken.append(r)
-        return taken
-
-    def _sagas(self, where: Any, *, cap: float = _MAX_BACKOFF) -> list[Any]:
-        return self._take(sagas, ["saga_id"], where, cap=cap)
-
-    def _entries(self, where: Any, still: Any = None) -> list[Any]:
-        return self._take(entries, ["saga_id", "seq"], where, still)
-
-    def _ago(self, seconds: float) -> Any:
-        return db_later(-seconds)
 
     # -- what a lost message leaves behind ----------------------------------------------
 
     def _failures(self) -> int:
         """Sagas asked to fail whose failure message never got handled."""
-        rows = self._sagas(and_(sagas.c.status.in_(_OPEN),
+        rows = self.resends.sagas(and_(sagas.c.status.in_(_OPEN),
                                 sagas.c.fail_requested_at.is_not(None),
                                 sagas.c.fail_requested_at
-                                < self._ago(min(self.rt.settings.relay_after, 10.0))))
+                                < self.resends.ago(min(self.rt.settings.relay_after, 10.0))))
         for r in rows:
             with tracing.within(r.trace_context):
                 self.rt.bus.send_failure(r.saga_id, r.reason or "saga failed")
@@ -142,12 +90,13 @@ class Sweeper:
         s = self.rt.settings
         stalled = and_(sagas.c.status == SagaStatus.COMPENSATING.value,
                        func.coalesce(sagas.c.chain_touched_at, sagas.c.updated_at)
-                       < self._ago(s.lease_seconds))
+                       < self.resends.ago(s.lease_seconds))
         running = select(entries.c.seq).where(
             entries.c.saga_id == sagas.c.saga_id, entries.c.phase == Phase.INTENT.value,
             entries.c.lease_until.is_not(None), entries.c.lease_until >= db_now()).exists()
-        rows = [*self._sagas(and_(stalled, running)),
-                *self._sagas(and_(stalled, ~running), cap=max(s.lease_seconds, s.relay_after))]
+        short = max(s.lease_seconds, s.relay_after)
+        rows = [*self.resends.sagas(and_(stalled, running)),
+                *self.resends.sagas(and_(stalled, ~running), cap=short)]
         for r in rows:
             with structlog.contextvars.bound_contextvars(saga_id=r.saga_id):
                 log.warning("compensation_resumed")
@@ -163,7 +112,7 @@ class Sweeper:
                                           sagas.c.deadline_at < db_now()).limit(_BATCH))
         n = 0
         for r in rows:
-            saga = self.rt.machine.fail_overdue(r.saga_id)
+            saga = _fail_overdue(self.rt, r.saga_id)
             if saga is None:
                 continue
             n += 1
@@ -178,11 +127,11 @@ class Sweeper:
         that read the journal just before it, or that worker did not know the flow), or
         never replayed: sent again. A count, never two hosts' clocks compared. Other
         steps of the flow may still run or wait at a gate meanwhile."""
-        quiet = self._ago(self.rt.settings.relay_after)
+        quiet = self.resends.ago(self.rt.settings.relay_after)
         outcomes = (select(func.count()).select_from(entries)
                     .where(entries.c.saga_id == sagas.c.saga_id,
                            entries.c.phase.not_in(_PENDING)).scalar_subquery())
-        rows = self._sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
+        rows = self.resends.sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
                                 sagas.c.fail_requested_at.is_(None),
                                 sagas.c.updated_at < quiet,
                                 or_(sagas.c.advanced_seen.is_(None),
@@ -201,12 +150,12 @@ class Sweeper:
         busy = select(entries.c.saga_id).where(
             entries.c.saga_id == sagas.c.saga_id,
             (entries.c.phase.in_([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value]))
-            | (entries.c.updated_at > self._ago(self.rt.settings.idle_after)))
+            | (entries.c.updated_at > self.resends.ago(self.rt.settings.idle_after)))
         rows = self.rt.journal.stale(
-            select(sagas).where(
+            select(sagas.c.saga_id, sagas.c.updated_at).where(  # no user data: nothing to open
                 sagas.c.flow.is_(None), sagas.c.status == SagaStatus.RUNNING.value,
                 sagas.c.fail_requested_at.is_(None),
-                sagas.c.updated_at < self._ago(self.rt.settings.idle_after),
+                sagas.c.updated_at < self.resends.ago(self.rt.settings.idle_after),
                 or_(sagas.c.idle_reported_at.is_(None),
                     sagas.c.idle_reported_at < sagas.c.updated_at),
                 ~busy.exists()).limit(_BATCH))
@@ -243,11 +192,11 @@ class Sweeper:
         lost = and_(
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
             func.coalesce(entries.c.published_at, entries.c.created_at)
-            < self._ago(self.rt.settings.relay_after))
+            < self.resends.ago(self.rt.settings.relay_after))
         unstarted = and_(lost, self._open_saga())
         keys = ["saga_id", "seq"]
-        old = func.coalesce(entries.c.published_at, entries.c.created_at) < self._ago(
-            _MAX_BACKOFF)
+        old = func.coalesce(entries.c.published_at, entries.c.created_at) < self.resends.ago(
+            MAX_BACKOFF)
         held: list[Any] = []
         routes: dict[tuple[str, str | None], str | None] = {}  # (tool, queue) -> broker queue
         depth: dict[str, int] = {}  # broker queue -> messages ready, asked once a pass
@@ -255,7 +204,7 @@ class Sweeper:
         # taken again (the next rows may be of other queues), until every queue the
         # batch holds has been asked: one round in the usual case, a few at most
         for _ in range(_ASK_ROUNDS):
-            found = self._due(entries, keys, and_(unstarted, *held))
+            found = self.resends.due(entries, keys, and_(unstarted, *held))
             busy = self._busy({(r.tool_name, r.queue) for r in found} - routes.keys(),
                               routes, depth)
             if not busy:
@@ -266,10 +215,10 @@ class Sweeper:
                                     entries.c.queue.is_not_distinct_from(q)))
                      for t, q in busy]
         else:  # rounds used up: rows of queues not asked about wait for the next pass
-            found = [r for r in self._due(entries, keys, and_(unstarted, *held))
+            found = [r for r in self.resends.due(entries, keys, and_(unstarted, *held))
                      if (r.tool_name, r.queue) in routes]
         # the take re-checks the row, not the saga (a subquery per row), as _take does
-        return self._resend(self._claim(entries, keys, found, lost), "step_relayed")
+        return self._resend(self.resends.claim(entries, keys, found, lost), "step_relayed")
 
     def _busy(self, pairs: set[tuple[str, str | None]],
               routes: dict[tuple[str, str | None], str | None],
@@ -295,21 +244,22 @@ class Sweeper:
             entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_not(None),
             entries.c.lease_until.is_(None),
             func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
-            < self._ago(self.rt.settings.relay_after))
+            < self.resends.ago(self.rt.settings.relay_after))
         # the take re-checks the row, not the saga (a subquery per row)
-        rows = self._entries(and_(waiting, self._open_saga()), waiting)
+        rows = self.resends.entries(and_(waiting, self._open_saga()), waiting)
         return self._resend(rows, "step_retry_resent")
 
     def _in_doubt(self) -> int:
         """Started attempts whose lease lapsed with no outcome: delivered again, the claim
         decides (re-run an idempotent tool, or journal it in doubt)."""
-        rows = self._entries(and_(entries.c.phase == Phase.INTENT.value,
+        rows = self.resends.entries(and_(entries.c.phase == Phase.INTENT.value,
                                   entries.c.lease_until.is_not(None),
                                   entries.c.lease_until < db_now()))
         return self._resend(rows, None)
 
     def _resend(self, rows: list[Any], event: str | None) -> int:
         publish: Callable[..., bool] = self.rt.bus.publish_step
+        rows = _readable(rows, self.rt, ("args", "kwargs"))
         for r in rows:
             if event:
                 log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
@@ -318,4 +268,45 @@ class Sweeper:
                 publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs),
                         r.task_id, r.queue, retries=r.celery_retries)
         return len(rows)
+
+
+def _each_stage(stages: dict[str, Callable[[], int]]) -> dict[str, int]:
+    """Run each stage on its own: one that fails is logged (``sweep_stage_failed``) and
+    counts 0, the others still run (no row of one kind stops the relay on every worker)."""
+    counts = {}
+    for name, stage in stages.items():
+        try:
+            counts[name] = stage()
+        except Exception as exc:  # a database blip, a row no read expected
+            counts[name] = 0
+            log.error("sweep_stage_failed", stage=name, error=f"{type(exc).__name__}: {exc}")
+    return counts
+
+
+def _readable(rows: list[Any], rt: Runtime, only: tuple[str, ...] | None = None) -> list[Any]:
+    """Entry rows fetched as stored (``raw_select``), opened (the columns ``only`` names,
+    if given); one that cannot be is logged and skipped, the pass goes on (a step the relay
+    took stays on its backoff)."""
+    out = []
+    for raw in rows:
+        try:
+            out.append(opened(raw, entries, rt.journal.engine.dialect, only))
+        except Exception as exc:
+            _unreadable(exc, saga_id=raw.saga_id, seq=raw.seq, tool=raw.tool_name)
+    return out
+
+
+def _fail_overdue(rt: Runtime, saga_id: str) -> Any:
+    """``fail_overdue``; a saga whose row cannot be read is logged and skipped (None), so
+    one such saga never stops the deadlines of the others, nor the stages after them."""
+    try:
+        return rt.machine.fail_overdue(saga_id)
+    except Exception as exc:
+        _unreadable(exc, saga_id=saga_id)
+        return None
+
+
+def _unreadable(exc: Exception, **row: Any) -> None:
+    """A row the sweeper skipped: logged, the pass goes on."""
+    log.warning("sweep_row_unreadable", error=why_unreadable(exc), **row)
 

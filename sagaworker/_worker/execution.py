@@ -196,30 +196,34 @@ class Executor:
                     advance = self._journal_outcome(task_id, spec, saga_id, seq, token,
                                                     claim.attempt, value, duration_ms, span)
         except Exception as exc:
-            span.fail(exc, None if span.span is None else error_text(
-                exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
-            if eager and isinstance(exc, EagerRetry):  # the caller hands it to the broker
-                self.failures.forget(task_id)
-                span.outcome("retried")
-                span.end()
+            if self._raised(exc, span, spec, task_id, args, kwargs, eager=eager):
                 raise
-            if eager:  # no Celery verdict follows: the tool's exception is its last word
-                span.outcome("failed" if self.failures.gave_up(
-                    task_id, spec, exc, args, kwargs) else "raised")
-                span.end()
-                return False
-            if isinstance(exc, Reject | Ignore):
-                # the tool's own (sagaworker's are raised before the try): no verdict of
-                # Celery's follows these, and a step needs an outcome, else the sweeper
-                # would send it again for ever. FAILED, as for an eager step.
-                span.outcome("failed" if self.failures.gave_up(
-                    task_id, spec, exc, args, kwargs) else "raised")
-                span.end()
-            else:  # Celery's verdict (a retry, or FAILED in on_failure) ends the span
-                tracing.park(task_id, span)
-            raise
+            return False
         span.end()
         return advance
+
+    def _raised(self, exc: Exception, span: tracing.Spanned, spec: ToolSpec, task_id: str,
+                args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool) -> bool:
+        """What follows an exception out of a step's run: True when it goes on (to Celery,
+        or to the eager caller), False when its verdict is journaled here."""
+        span.fail(exc, None if span.span is None else error_text(
+            exc, spec.signature, args, kwargs, self.rt.settings.redact_keys))
+        if eager and isinstance(exc, EagerRetry):  # the caller hands it to the broker
+            self.failures.forget(task_id)
+            span.outcome("retried")
+            span.end()
+            return True
+        # Eager: no Celery verdict follows, the tool's exception is its last word. Reject
+        # or Ignore: the tool's own (sagaworker's are raised before the run), no verdict of
+        # Celery's follows these either, and a step needs an outcome (else the sweeper
+        # would send it again for ever): FAILED both.
+        if eager or isinstance(exc, Reject | Ignore):
+            span.outcome("failed" if self.failures.gave_up(
+                task_id, spec, exc, args, kwargs) else "raised")
+            span.end()
+            return not eager
+        tracing.park(task_id, span)  # Celery's verdict (a retry, or on_failure) ends it
+        return True
 
     def _runs(self, claim: Claim, spec: ToolSpec, saga_id: str, seq: int) -> bool:
         """True when this delivery runs the tool; otherwise says (and does) why not."""

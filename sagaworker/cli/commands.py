@@ -163,9 +163,15 @@ def show(c: Ctx, saga_id: str, as_json: bool) -> None:
 @pass_ctx
 def list_(c: Ctx, status: str | None, limit: int, as_json: bool) -> None:
     """Sagas, newest first."""
-    recs = c.sw.sagas(status=status, limit=limit)
+    recs, unreadable = c.sw.journal.scan_sagas(status, limit)
     red = Redaction.of(c.sw)
-    click.echo(to_json(recs, red)) if as_json else render_sagas(recs, red)
+    if not as_json:
+        render_sagas(recs, red, unreadable)
+        return
+    click.echo(to_json(recs, red))
+    for u in unreadable:  # the JSON stays a list of sagas; the skipped ones are named here
+        click.echo(f"saga {visible(u.saga_id)!r} ({u.status}) is unreadable and was left "
+                   f"out: {u.error}", err=True)
 
 
 @main.command()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +21,7 @@ from .._base.types import (
     SagaRecord,
     SagaStatus,
 )
+from .._journal.raw_rows import UnreadableSaga
 from .._observe.records import Redaction, saga_json, waiting_step
 from .._observe.visible import visible
 
@@ -182,11 +185,26 @@ def _outcome(e: EntryRecord) -> str:
     return f"[{_OUTCOME[e.compensation]}]{e.compensation.value}[/]"
 
 
-def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None) -> None:
+def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None,
+                 unreadable: Sequence[UnreadableSaga] = ()) -> None:
+    """The sagas as a table, newest first; one the journal could not read is a row of its
+    own saying so (its status and why), not a failed listing."""
     recs = redacted(recs, redaction)
-    t = _Grid(("saga", "status", "steps", "created", "reason"))
+    rows: list[tuple[datetime | None, str, tuple[str, ...]]] = []
     for r in recs:
         c = _STATUS.get(r.status, "")
-        t.add_row(_cell(r.saga_id), f"[{c}]{r.status.value}[/]", str(len(r.entries)),
-                  r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _cell(r.reason or ""))
+        rows.append((r.created_at, r.saga_id, (
+            _cell(r.saga_id), f"[{c}]{r.status.value}[/]", str(len(r.entries)),
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _cell(r.reason or ""))))
+    for u in unreadable:
+        rows.append((u.created_at, u.saga_id, (
+            _cell(u.saga_id), _cell(u.status), "?",
+            u.created_at.strftime("%Y-%m-%d %H:%M:%S") if u.created_at else "",
+            f"[bold red]unreadable[/]: {_cell(u.error)}")))
+    # the journal's order (newest first, then by id) with the unreadable ones in place
+    oldest = datetime.min.replace(tzinfo=UTC)
+    rows.sort(key=lambda row: (row[0] or oldest, row[1]), reverse=True)
+    t = _Grid(("saga", "status", "steps", "created", "reason"))
+    for _, _, cells in rows:
+        t.add_row(*cells)
     t.print()

@@ -21,10 +21,11 @@ from sagaworker import (
     Sagaworker,
     SagaworkerError,
 )
+from sagaworker._journal.raw_rows import UnreadableSaga
 
 from .auth import READ_ONLY, Identity, Unauthorized, WebAuth
 from .queries import idle_sagas
-from .serialize import approval_json, saga_json
+from .serialize import approval_json, saga_json, unreadable_json
 
 __all__ = ["SagaIdConverter", "ValidationFailed", "auth", "bp", "error", "json_body",
            "operator", "sw_of"]
@@ -130,12 +131,14 @@ def list_sagas() -> Reply:
     if idle not in ("", "0", "1", "true", "false"):
         raise ValidationFailed({"idle": "must be true or false"})
     sw = sw_of()
+    unreadable: list[UnreadableSaga] = []
     if idle in ("1", "true"):  # the sweeper reported them idle (saga_idle): abort or complete
         recs = idle_sagas(sw, int(raw_limit))
-    else:
-        recs = sw.sagas(status=status, limit=int(raw_limit))
+    else:  # a saga the journal cannot read is named, not a 500 for the whole listing
+        recs, unreadable = sw.journal.scan_sagas(status, int(raw_limit))
     red = Redaction.of(sw)
-    return jsonify({"sagas": [saga_json(r, red) for r in recs]}), 200
+    return jsonify({"sagas": [saga_json(r, red) for r in recs],
+                    "unreadable": [unreadable_json(u) for u in unreadable]}), 200
 
 
 @bp.get("/sagas/<saga_id:saga_id>")

@@ -91,10 +91,17 @@ def index() -> str:
     if status is not None and status not in STATUSES:
         abort(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}")
     red = Redaction.of(sw)  # SAGAWORKER_REDACT: no page shows a redacted argument
-    recent = [red.record(r) for r in sw.sagas(limit=SCAN)]
+    # a saga the journal cannot read is shown as such, never a 500 for the whole page
+    scanned, unreadable = sw.journal.scan_sagas(None, SCAN)
+    recent = [red.record(r) for r in scanned]
     dirty = [red.record(r) for r in sw.sagas(status=SagaStatus.COMPENSATION_FAILED, limit=100)]
-    listed = (recent[:100] if status is None
-              else [red.record(r) for r in sw.sagas(status=status, limit=100)])
+    if status is None:
+        listed = recent[:100]
+    else:
+        found, more = sw.journal.scan_sagas(status, 100)
+        listed = [red.record(r) for r in found]
+        named = {u.saga_id for u in unreadable}
+        unreadable += [u for u in more if u.saga_id not in named]
     counts = {s: sum(1 for r in recent if r.status.value == s) for s in STATUSES}
     approvals: list[Any] | None
     try:
@@ -104,7 +111,8 @@ def index() -> str:
     idle = [red.record(r) for r in idle_sagas(sw)]
     return render_template("index.html", sagas=listed, status=status, statuses=STATUSES,
                            counts=counts, scanned=len(recent), idle=idle,
-                           attention=attention(recent, dirty), approvals=approvals)
+                           attention=attention(recent, dirty), approvals=approvals,
+                           unreadable=unreadable)
 
 
 @bp.get("/ui/sagas/<saga_id:saga_id>")

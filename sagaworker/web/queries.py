@@ -8,9 +8,13 @@ from typing import Any
 from sqlalchemy import select
 
 from sagaworker import Phase, SagaNotFound, SagaRecord, SagaStatus
+from sagaworker._journal.raw_rows import why_unreadable
 from sagaworker._journal.schema import entries, sagas
+from sagaworker._observe.logging import get_logger
 
 __all__ = ["idle_sagas"]
+
+log = get_logger()
 
 
 def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
@@ -34,5 +38,7 @@ def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
             out.append(sw.inspect(saga_id))
         except SagaNotFound:  # pruned meanwhile
             continue
+        except Exception as exc:  # one saga no key opens never fails the page
+            log.warning("saga_unreadable", saga_id=saga_id, error=why_unreadable(exc))
     return out
 

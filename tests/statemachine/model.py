@@ -47,7 +47,7 @@ from sagaworker._base.types import OPEN, TERMINAL, OutcomeResult, Phase
 from sagaworker._journal.dialect import db_later, db_now
 from sagaworker._journal.machine import Start, UndoClaim, UndoState, new_token
 from sagaworker._journal.schema import entries, sagas
-from sagaworker._worker.flows import replay as replay_flow
+from sagaworker._worker.replay import replay as replay_flow
 from tests.statemachine.world import (
     EPOCH,
     MAX_RERUNS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sagaworker._worker.flows import replay
+from sagaworker._worker.replay import replay
 from tests.statemachine.world import RecordingBus, build, model_flow
 
 

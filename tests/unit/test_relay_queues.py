@@ -48,7 +48,7 @@ def relay_world(sw: Sagaworker, monkeypatch: pytest.MonkeyPatch, blocks: int,
     """``blocks`` tools all routed to the queue "busy" (its messages waiting), five lost
     steps each in sagas a00..; then one lost step of a tool of the empty queue "empty", in
     saga zz (its key sorts last). The batch is cut to 5 rows: each block fills one."""
-    monkeypatch.setattr("sagaworker._recovery.sweeper._BATCH", 5)
+    monkeypatch.setattr("sagaworker._recovery.resends._BATCH", 5)
     monkeypatch.setattr(sw.producer, "publish", lambda *a: False)  # publishes lost
     tools = []
     for i in range(blocks):
@@ -112,7 +112,7 @@ def test_a_step_started_since_the_relay_read_it_is_not_taken(
     claim resets the resend count): the relay must not take it and send a duplicate."""
     sent, _ = relay_world(sqlite_sw, monkeypatch, blocks=0)
     sweeper = sqlite_sw.sweeper
-    real_due = sweeper._due
+    real_due = sweeper.resends.due
     read: list[int] = []
 
     def due_then_started(*a: Any) -> list[Any]:
@@ -122,7 +122,7 @@ def test_a_step_started_since_the_relay_read_it_is_not_taken(
             conn.execute(update(entries).values(started_at=now(), resends=0, resend_at=None))
         return rows
 
-    monkeypatch.setattr(sweeper, "_due", due_then_started)
+    monkeypatch.setattr(sweeper.resends, "due", due_then_started)
     assert sweeper._relay() == 0
     assert read[0] == 1, "the relay did not read the step as lost: the test proves nothing"
     assert sent == []
@@ -138,7 +138,7 @@ def test_a_retry_claimed_since_the_sweeper_read_it_is_not_resent(
     with sqlite_sw.journal.engine.begin() as conn:  # raised, its retry message not yet seen
         conn.execute(update(entries).values(started_at=old, updated_at=old, lease_until=None))
     sweeper = sqlite_sw.sweeper
-    real_due = sweeper._due
+    real_due = sweeper.resends.due
     read: list[int] = []
 
     def due_then_claimed(*a: Any) -> list[Any]:
@@ -149,7 +149,7 @@ def test_a_retry_claimed_since_the_sweeper_read_it_is_not_resent(
                                                 resends=0, resend_at=None))
         return rows
 
-    monkeypatch.setattr(sweeper, "_due", due_then_claimed)
+    monkeypatch.setattr(sweeper.resends, "due", due_then_claimed)
     assert sweeper._retries() == 0
     assert read == [1], "the sweeper did not read the attempt as lost: the test proves nothing"
     assert sent == []
