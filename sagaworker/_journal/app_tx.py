@@ -6,12 +6,20 @@ rows with that connection, inside the caller's transaction: they commit or roll 
 the app's own rows. What must leave the process (a step's message, a flow's advance) is
 held until that transaction commits, and dropped if it rolls back:
 
-- a ``Session``: its ``after_commit`` event sends them; ``after_rollback`` drops them;
+- a ``Session``: when its outermost transaction commits (``after_commit`` outside any
+  savepoint), each message is sent once its row is visible from the journal's own
+  connection, which is what tells a row that committed from one a rolled-back savepoint
+  took back, and a session that owns its transaction from one joined to an outer
+  transaction (whose COMMIT is still to come): the rows not visible yet go to the
+  confirmer thread below. The outermost transaction's end drops what is left (a
+  rollback). A savepoint's rollback drops nothing: its rows simply never show;
 - a ``Connection``: SQLAlchemy has no event after a connection's COMMIT (its ``commit``
   event comes before it), so at ``commit`` the messages go to a confirmer thread that
   sends each once its row is visible from the journal's own connection (committed), and
   drops them if the row never shows (the COMMIT failed): a published message always has
   its row. ``rollback`` drops them;
+
+Each session or connection gets its listeners once, however many transactions it runs.
 - a ``Connection`` whose transaction a framework owns (``info[ON_COMMIT]``, set by
   ``sagaworker.contrib.django``): each message goes to that framework's own hook (Django's
   ``transaction.on_commit``), which runs it after the COMMIT and forgets it on a rollback.
@@ -48,6 +56,7 @@ __all__ = ["ON_COMMIT", "AppTx", "is_app_connection", "is_async_app_connection",
 _T = TypeVar("_T")
 _log = get_logger()
 _PENDING = "sagaworker_after_commit"
+_JOURNAL = "sagaworker_journal_engine"
 #: how long the confirmer looks for a committed row before leaving it to the relay
 CONFIRM_FOR = 10.0
 #: in a Connection's ``info``: ``hook(send)`` runs ``send`` after the COMMIT of a
@@ -126,10 +135,8 @@ class AppTx:
             target.info.get(_PENDING))
         if pending is None:
             pending = target.info[_PENDING] = []
-            if self.session is not None:
-                _on_session(self.session)
-            else:
-                _on_connection(self.conn, self.journal_engine)
+            target.info[_JOURNAL] = self.journal_engine
+            _listen(target, self.session is not None)
         pending.append((send, saga_id, tuple(task_ids)))
 
 
@@ -155,54 +162,82 @@ def _take(target: Any) -> list[tuple[Callable[[], None], str, tuple[str, ...]]]:
     return list(target.info.pop(_PENDING, None) or [])
 
 
-def _on_session(session: Session) -> None:
+def _listen(target: Any, session: bool) -> None:
+    """The listeners of a session or connection, added once (module-level functions, so
+    ``contains`` finds them): a long-lived session does not gain two per transaction."""
     from sqlalchemy import event
 
-    def committed(sess: Session) -> None:
-        for send, _saga, _ids in _take(sess):
-            _send(send)
+    hooks = ((("after_commit", _session_committed), ("after_transaction_end", _session_ended))
+             if session else (("commit", _connection_committing),
+                              ("rollback", _connection_rolled_back)))
+    for name, fn in hooks:
+        if not event.contains(target, name, fn):
+            event.listen(target, name, fn)
 
-    def rolled_back(sess: Session) -> None:
+
+def _session_committed(sess: Session) -> None:
+    if sess.in_nested_transaction():
+        return  # a savepoint released: nothing is committed yet
+    held = _take(sess)
+    if not held:
+        return
+    journal = sess.info[_JOURNAL]
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # one look now (the common case: the session owned its
+        # transaction, every row is committed); what does not show yet waits for an outer
+        # COMMIT, or never comes
+        held = _send_visible(journal, held)
+    if held:  # (an AsyncSession's commit: the look never blocks its event loop)
+        _confirm_later(journal, held)
+
+
+def _session_ended(sess: Session, transaction: Any) -> None:
+    if transaction.parent is None:  # the outermost: rolled back (a commit took them)
         _take(sess)
 
-    event.listen(session, "after_commit", committed)
-    event.listen(session, "after_rollback", rolled_back)
+
+def _connection_committing(c: Connection) -> None:
+    held = _take(c)
+    if held:
+        _confirm_later(c.info[_JOURNAL], held)
 
 
-def _on_connection(conn: Connection, journal: Engine) -> None:
-    from sqlalchemy import event
+def _connection_rolled_back(c: Connection) -> None:
+    _take(c)
 
-    def committing(c: Connection) -> None:
-        held = _take(c)
-        if held:
-            threading.Thread(target=_confirm, args=(journal, held), daemon=True,
-                             name="sagaworker-after-commit").start()
 
-    def rolled_back(c: Connection) -> None:
-        _take(c)
+def _confirm_later(journal: Engine,
+                   held: list[tuple[Callable[[], None], str, tuple[str, ...]]]) -> None:
+    threading.Thread(target=_confirm, args=(journal, held), daemon=True,
+                     name="sagaworker-after-commit").start()
 
-    event.listen(conn, "commit", committing)
-    event.listen(conn, "rollback", rolled_back)
+
+def _send_visible(journal: Engine, held: list[tuple[Callable[[], None], str, tuple[str, ...]]]
+                  ) -> list[tuple[Callable[[], None], str, tuple[str, ...]]]:
+    """Send each held message whose row is committed (visible here); the others."""
+    rest = []
+    with journal.connect() as c:
+        for item in held:
+            send, saga_id, task_ids = item
+            q = (select(entries.c.task_id).where(entries.c.task_id.in_(task_ids))
+                 if task_ids else
+                 select(sagas.c.saga_id).where(sagas.c.saga_id == saga_id))
+            if len(c.execute(q).all()) == max(1, len(task_ids)):
+                _send(send)
+            else:
+                rest.append(item)
+    return rest
 
 
 def _confirm(journal: Engine,
              held: list[tuple[Callable[[], None], str, tuple[str, ...]]]) -> None:
-    """Send each held message once its row is committed (visible here)."""
+    """Send each held message once its row is committed (visible here); after
+    ``CONFIRM_FOR`` what never showed is dropped (rolled back), or left to the relay."""
     end, delay = time.monotonic() + CONFIRM_FOR, 0.002
     while held and time.monotonic() < end:
         try:
-            with journal.connect() as c:
-                rest = []
-                for item in held:
-                    send, saga_id, task_ids = item
-                    q = (select(entries.c.task_id).where(entries.c.task_id.in_(task_ids))
-                         if task_ids else
-                         select(sagas.c.saga_id).where(sagas.c.saga_id == saga_id))
-                    if len(c.execute(q).all()) == max(1, len(task_ids)):
-                        send()
-                    else:
-                        rest.append(item)
-                held = rest
+            held = _send_visible(journal, held)
         except Exception as exc:  # the relay sends what is left
             _log.warning("after_commit_failed", error=f"{type(exc).__name__}: {exc}")
             return

@@ -32,8 +32,8 @@ from .._base.crypto import SealedJSON
 from .._base.types import OPEN, Phase
 from .schema import entries, sagas
 
-__all__ = ["Claimed", "UndoRow", "claim", "complete", "enabled", "executed", "intent",
-           "intent_seq", "settle", "undo_next"]
+__all__ = ["Claimed", "UndoRow", "backend_pid", "claim", "complete", "enabled", "executed",
+           "intent", "intent_seq", "settle", "undo_next"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -123,6 +123,14 @@ def _translated(engine: Engine, sql: str, params: dict[str, Any], exc: psycopg.E
 
 _ACTIVITY = "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s"
 _TERMINATE = "SELECT pg_terminate_backend(%(pid)s)"
+
+
+def backend_pid(conn: Any) -> int | None:
+    """The PostgreSQL server process of a SQLAlchemy connection (None elsewhere)."""
+    raw = getattr(getattr(conn, "connection", None), "dbapi_connection", None)
+    info = getattr(raw, "info", None)
+    pid = getattr(info, "backend_pid", None)
+    return pid if isinstance(pid, int) else None
 
 
 def settle(engine: Engine, exc: BaseException, *, timeout: float = 10.0) -> None:

@@ -107,20 +107,23 @@ class Journal(JournalReads):
                     self._notifier = Notifier(self.engine)
         return self._notifier.watch(saga_id, wake)
 
-    def write(self, body: Callable[[Connection], _T]) -> _T:
+    def write(self, body: Callable[[Connection], _T],
+              landed: Callable[[], _T | None] | None = None) -> _T:
         """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
 
         Replayed: a lost connection (once), and a busy SQLite (``database is locked``:
         another writer held the lock past the busy timeout) on a short backoff, for at
         most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
-        *during* COMMIT propagates, since replaying an insert whose commit may have
-        landed could journal a step twice.
+        *during* COMMIT is never replayed (an insert whose commit landed would journal a
+        step twice): once the server is done with the transaction (``_pgfast.settle``),
+        ``landed`` tells from the data whether it committed, and then what it wrote is the
+        answer, as if the reply had come; otherwise the error propagates.
         """
         lost_replayed = False
         busy_until: float | None = None
         delay = 0.01
         while True:
-            committing = False
+            committing, pid = False, None
             try:
                 with self.engine.connect() as conn:
                     trans = conn.begin()  # BEGIN IMMEDIATE on SQLite: may itself be busy
@@ -130,11 +133,21 @@ class Journal(JournalReads):
                         trans.rollback()
                         raise
                     committing = True
+                    pid = _pgfast.backend_pid(conn)
                     trans.commit()
                     return value
             except (OperationalError, InterfaceError) as exc:
                 if committing:
-                    raise
+                    if landed is None:
+                        raise
+                    setattr(exc, "sagaworker_backend_pid", pid)  # noqa: B010 (for settle)
+                    _pgfast.settle(self.engine, exc)
+                    found = landed()
+                    if found is None:
+                        raise
+                    _log.warning("database_commit_reply_lost", detail="the transaction "
+                                 "committed (its rows are in the journal): answered from them")
+                    return found
                 if is_busy(exc):
                     t = time.monotonic()
                     busy_until = t + BUSY_RETRY_SECONDS if busy_until is None else busy_until
@@ -264,7 +277,19 @@ class Journal(JournalReads):
                              .values(approval_requested_at=entries.c.created_at))
             return [first + i for i in range(len(new))]
 
-        return (tx.run if tx else self.write)(body)
+        if tx is not None:
+            return tx.run(body)
+        return self.write(body, lambda: self._seqs_of(saga_id, [e.task_id for e in new]))
+
+    def _seqs_of(self, saga_id: str, task_ids: list[str]) -> list[int] | None:
+        """The seqs of the entries journaled with these task ids (new for every enqueue),
+        in their order, if all of them are in the journal (one transaction wrote them)."""
+        with self.engine.connect() as conn:
+            found = dict(conn.execute(select(entries.c.task_id, entries.c.seq).where(
+                entries.c.saga_id == saga_id, entries.c.task_id.in_(task_ids))).all())
+        if len(found) != len(task_ids):
+            return None
+        return [int(found[t]) for t in task_ids]
 
     @performs("step", "journal", "gate")
     @performs("saga", "await_decision")
@@ -292,9 +317,11 @@ class Journal(JournalReads):
             got = once()
         except (OperationalError, InterfaceError) as exc:
             # the statement may still be running on the server (waiting on the saga row,
-            # say): stopped and awaited first, then its commit is visible or never happens
-            _pgfast.settle(self.engine, exc)
-            found = _pgfast.intent_seq(self.engine, saga_id, e.task_id)  # it committed?
+            # say): stopped and awaited first, then its commit is visible or never happens;
+            # a database away for a moment is waited for, as every move waits for it, so
+            # a claim that committed is recognised by its token, never left to lapse into
+            # doubt while its worker is alive and its tool never started
+            found = self._intent_landed(saga_id, e.task_id, exc)
             got = once() if found is None else (
                 found[0], claim is not None and found[1] == claim[0])
         if got is None:
@@ -306,6 +333,14 @@ class Journal(JournalReads):
         if e.claim is not None:
             e.claim.done = got[1]
         return got[0]
+
+    @retrying
+    def _intent_landed(self, saga_id: str, task_id: str, exc: BaseException
+                       ) -> tuple[int, str | None] | None:
+        """Whether the INTENT statement whose reply ``exc`` lost committed: its seq and
+        claim token, once its server process is done with it."""
+        _pgfast.settle(self.engine, exc)
+        return _pgfast.intent_seq(self.engine, saga_id, task_id)
 
     def mark_advanced(self, saga_id: str, seen: int) -> None:
         """A flow was replayed against a journal in which ``seen`` steps had an outcome:

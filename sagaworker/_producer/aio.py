@@ -178,5 +178,13 @@ async def wait_for(awaitable: Any, timeout: float | None, what: str) -> None:
         async with asyncio.timeout(timeout):
             await awaitable
     except TimeoutError:
-        raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was "
-                           "changed") from None
+        raise timed_out(what, timeout) from None
+
+
+def timed_out(what: str, timeout: float | None) -> TimeoutError:
+    """A wait's TimeoutError, saying what is true: the wait ended, the work did not."""
+    return TimeoutError(
+        f"{what} did not finish within {timeout} s. Only the wait ended: the saga goes on "
+        "(a queued step still runs, a running one finishes, a gate still waits). Wait "
+        "again (result()/wait()), or fail the saga to have its steps undone "
+        "(saga.fail(reason), or `sagaworker abort SAGA_ID --reason ...`)")

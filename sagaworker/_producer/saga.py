@@ -44,7 +44,7 @@ def poll(check: Callable[[], Any], timeout: float | None, what: str,
         if got is not None:
             return got
         if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} did not finish within {timeout} s; nothing was changed")
+            raise aio.timed_out(what, timeout)
         pause = SAFETY_POLL if wake.listening else delay
         if deadline is not None:
             pause = max(0.0, min(pause, deadline - time.monotonic()))

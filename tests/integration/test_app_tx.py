@@ -95,6 +95,77 @@ def test_a_committed_session_publishes_after_its_commit(
     assert order_ids(app_engine, key) == [key]
 
 
+def test_a_rolled_back_savepoint_keeps_the_messages_of_rows_that_commit(
+        crash_cluster: Cluster, app_engine: Engine, published: list[tuple[str, bool]]) -> None:
+    """Steps a and c commit, b is taken back by a savepoint's rollback: a and c are sent
+    at the COMMIT (not left to the relay), b never is; a and c run."""
+    key, step = uid("sp"), crash_cluster.tool("step")
+    with Session(app_engine) as s:
+        saga = crash_cluster.sw.begin(key, connection=s)
+        a = saga.enqueue(step, key, "a", connection=s)
+        savepoint = s.begin_nested()
+        b = saga.enqueue(step, key, "b", connection=s)
+        savepoint.rollback()
+        c = saga.enqueue(step, key, "c", connection=s)
+        s.commit()
+    assert published == [(a.task_id, True), (c.task_id, True)]
+    assert [a.result(timeout=T), c.result(timeout=T)] == ["a-done", "c-done"]
+    assert b.task_id not in {e.task_id for e in crash_cluster.sw.inspect(key).entries}
+
+
+def test_a_session_joined_to_an_outer_transaction_publishes_after_the_outer_commit(
+        crash_cluster: Cluster, app_engine: Engine, published: list[tuple[str, bool]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Session joined to the app's outer transaction (SQLAlchemy's test-suite recipe):
+    its ``commit()`` releases a savepoint only. An outer rollback sends nothing (the step
+    never existed); an outer commit sends the step, its row committed, and it runs."""
+    import threading
+
+    monkeypatch.setattr("sagaworker._journal.app_tx.CONFIRM_FOR", 2.0)
+    step = crash_cluster.tool("step")
+
+    def confirmers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "sagaworker-after-commit"]
+
+    for outcome in ("rollback", "commit"):
+        key = uid(f"j{outcome[0]}")
+        with app_engine.connect() as conn:
+            outer = conn.begin()
+            with Session(bind=conn, join_transaction_mode="create_savepoint") as s:
+                saga = crash_cluster.sw.begin(key, connection=s)
+                handle = saga.enqueue(step, key, "a", connection=s)
+                s.commit()
+            assert published == []  # the outer transaction has not committed
+            getattr(outer, outcome)()
+        wait_for(lambda: not confirmers(), 20, "the after-commit confirmer to end")
+        if outcome == "rollback":
+            assert published == []
+            assert crash_cluster.sw.journal.saga_row(key) is None
+        else:
+            assert published == [(handle.task_id, True)]
+            assert handle.result(timeout=T) == "a-done"
+
+
+def test_a_long_lived_session_or_connection_keeps_its_listeners_once(
+        crash_cluster: Cluster, app_engine: Engine) -> None:
+    """Three transactions of one Session (and of one Connection) with a saga each: the
+    listeners sagaworker adds do not pile up."""
+    step = crash_cluster.tool("step")
+    with Session(app_engine) as s:
+        for _ in range(3):
+            key = uid("ls")
+            crash_cluster.sw.begin(key, connection=s).enqueue(step, key, "a", connection=s)
+            s.commit()
+        assert (len(s.dispatch.after_commit), len(s.dispatch.after_transaction_end)) == (1, 1)
+    with app_engine.connect() as conn:
+        for _ in range(3):
+            with conn.begin():
+                key = uid("lc")
+                crash_cluster.sw.begin(key, connection=conn).enqueue(step, key, "a",
+                                                                     connection=conn)
+        assert (len(conn.dispatch.commit), len(conn.dispatch.rollback)) == (1, 1)
+
+
 def test_a_connection_transaction_commits_or_rolls_back_with_the_saga(
         crash_cluster: Cluster, app_engine: Engine, published: list[tuple[str, bool]]) -> None:
     """``engine.begin()``'s Connection: an exception rolls order and saga back (nothing

@@ -232,3 +232,18 @@ def test_an_approval_refused_for_its_deadline_answers_the_same_when_replayed(
     (event,) = events(logs, "saga_deadline_passed")
     assert event["deadline_at"] is not None
     assert ("failure", saga_id, "deadline passed") in sw.rt.bus.sent  # type: ignore[attr-defined]
+
+
+def test_enqueue_many_that_lost_its_commit_reply_answers_as_its_first_run(
+        sw: Sagaworker) -> None:
+    """``enqueue_many``'s COMMIT applied, its reply lost: the call returns the steps it
+    journaled (no error for steps that exist, so no caller retries them into doubles)."""
+    saga = sw.begin(new_id())
+    tool = sw.registry.tool(f"{_M}.plain").task  # type: ignore[union-attr]
+    with capture_logs() as logs, lose_commit_reply(sw) as left:
+        steps = saga.enqueue_many([(tool, (1,), {}), (tool, (2,), {})])
+    assert left == [0], "no COMMIT reply was lost: the test proves nothing"
+    assert [(s.seq, s.task_id) for s in steps] == [
+        (e.seq, e.task_id) for e in sw.inspect(saga.saga_id).entries]
+    assert [s.seq for s in steps] == [1, 2]
+    assert len(events(logs, "database_commit_reply_lost")) == 1

@@ -336,3 +336,40 @@ def test_a_flow_never_completes_over_a_step_journaled_while_it_waited(
     holder.close()
     assert "refused" in result and "not EXECUTED" in result["refused"], result
     assert sw.inspect(saga_id).status.value == "RUNNING"
+
+
+def test_an_eager_claim_whose_reply_is_lost_while_the_database_is_away_stays_claimed(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager step's INTENT and claim commit, the reply is lost and the database is
+    unreachable for a moment (the next reads fail too): the journal waits it out, finds
+    the step by its task id and the claim by its token, and answers as the first run
+    would have (the step is this worker's to run, not left to lapse into doubt)."""
+    from sagaworker._journal.reads import Claiming, NewEntry
+
+    sw = Sagaworker(Celery("pgfast", broker="memory://"), database_url=pg_url)
+    saga_id = uid("eager-lost")
+    sw.begin(saga_id)
+    real = _pgfast._run
+    calls: list[str] = []
+
+    def flaky(engine: Any, sql: str, params: dict[str, Any]) -> Any:
+        calls.append(sql)
+        if len(calls) == 1:  # the INTENT: applied, its reply lost
+            real(engine, sql, params)
+            raise OperationalError(sql, {}, Exception("server closed the connection"))
+        if len(calls) <= 4:  # the database is away for the next three statements
+            raise OperationalError(sql, {}, Exception("connection refused"))
+        return real(engine, sql, params)
+
+    monkeypatch.setattr(_pgfast, "_run", flaky)
+    claim = Claiming("tok-eager", "w1", 30.0)
+    e = NewEntry(tool_name="t.charge", args=[5], kwargs={}, args_digest=args_digest([5], {}),
+                 queue=None, task_id=uid("task"), gated=False, held=True, claim=claim)
+    assert sw.journal.add_entries(saga_id, [e]) == [1]
+    assert len(calls) > 4, "the database was never away: the test proves nothing"
+    assert claim.done, "the claim that committed was not recognised by its token"
+    with sw.journal.engine.connect() as conn:
+        rows = conn.execute(select(entries.c.seq, entries.c.attempt_token).where(
+            entries.c.saga_id == saga_id)).all()
+    assert [tuple(r) for r in rows] == [(1, "tok-eager")]
+    sw.journal.engine.dispose()

@@ -114,6 +114,23 @@ def test_a_gate_past_its_sagas_deadline_is_not_pending(sqlite_sw: Sagaworker) ->
     assert [r.saga_id for r in sqlite_sw.pending_approvals()] == ["o-open"]
 
 
+def test_a_result_timeout_says_the_step_still_runs_and_what_to_do(
+        sqlite_sw: Sagaworker) -> None:
+    """``result(timeout)`` passing says what is true (the step is still queued and will
+    run) and what to do (wait again, or fail the saga), sync and async alike."""
+    import asyncio
+
+    reserve, _ = tools(sqlite_sw)
+    saga = sqlite_sw.begin("o-t")
+    step = saga.enqueue(reserve, "sku", 1)
+    with pytest.raises(TimeoutError, match=r"Only the wait ended.*saga\.fail") as sync:
+        step.result(timeout=0.01)
+    with pytest.raises(TimeoutError, match=r"Only the wait ended.*saga\.fail"):
+        asyncio.run(step.aresult(timeout=0.01))
+    assert "nothing was changed" not in str(sync.value)
+    assert sqlite_sw.inspect("o-t").entries[0].phase is Phase.INTENT
+
+
 def test_fail_is_journaled_and_blocks_new_steps(sqlite_sw: Sagaworker) -> None:
     """saga.fail journals the request first (a lost message is found again)."""
     reserve, _ = tools(sqlite_sw)
