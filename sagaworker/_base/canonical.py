@@ -21,7 +21,8 @@ from kombu.utils.json import object_hook as _kombu_hook
 from .errors import BadInput
 
 __all__ = ["RESERVED_KEY", "args_digest", "bad_argument", "canonical_args", "check_arguments",
-           "check_json", "check_text", "from_wire", "not_json", "storable", "to_wire"]
+           "check_json", "check_text", "from_wire", "not_json", "storable", "to_wire",
+           "unstorable"]
 
 _NATIVE = (str, int, float, bool, type(None))
 
@@ -88,9 +89,22 @@ RESERVED_KEY = "$sagaworker_enc"
 RESERVED_DICT = f"dict with the key {RESERVED_KEY!r}, which the journal reserves"
 TAG_DICT = "dict shaped like kombu's type tag ({'__type__', '__value__'})"
 #: problems a key's name makes: renaming the key is the fix
-_KEY_PROBLEMS = (RESERVED_DICT, TAG_DICT, "dict key with a NUL character")
+_KEY_PROBLEMS = (RESERVED_DICT, TAG_DICT, "dict key with a NUL character",
+                 "dict key with a lone surrogate (not valid Unicode)")
 _RENAME = ("rename the key (the journal would read the value back as something else); "
            "nothing was journaled")
+
+
+def unstorable(text: str) -> str | None:
+    """What in ``text`` no journal can hold (PostgreSQL refuses a NUL, and UTF-8 a lone
+    surrogate: both raw errors), or None."""
+    if "\x00" in text:
+        return "a NUL character"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "a lone surrogate (not valid Unicode)"
+    return None
 
 
 def _is_tag(d: dict[Any, Any]) -> bool:
@@ -108,8 +122,10 @@ def _dict_problem(d: dict[Any, Any], strict: bool) -> str | None:
             return TAG_DICT
     if RESERVED_KEY in d:
         return RESERVED_DICT
-    if any(isinstance(k, str) and "\x00" in k for k in d):
-        return "dict key with a NUL character"
+    for k in d:
+        bad = unstorable(k) if isinstance(k, str) else None
+        if bad is not None:
+            return f"dict key with {bad}"
     return None
 
 
@@ -120,7 +136,8 @@ def _tag_problem(value: Any, strict: bool = False) -> str | None:
     a dict (JSON writes it as one)."""
     t = type(value)
     if t is str:
-        return "string with a NUL character" if "\x00" in value else None
+        bad = unstorable(value)
+        return None if bad is None else f"string with {bad}"
     if isinstance(value, dict):
         bad = _dict_problem(value, strict)
         if bad is not None:
@@ -212,7 +229,7 @@ def _keyword_problem(kwargs: dict[str, Any]) -> str | None:
         return (f"keyword argument {RESERVED_KEY!r} is the key the journal reserves for an "
                 "encrypted value, which would make the arguments unreadable")
     if bad is not None:
-        return "a keyword argument's name holds a NUL character"
+        return f"a keyword argument's name holds {bad.removeprefix('dict key with ')}"
     return None
 
 
@@ -244,12 +261,15 @@ def check_size(encoded: str, what: str, limit: int) -> None:
 
 
 def storable(text: str) -> str:
-    """Free text (a reason) as the journal can hold it: a NUL written as ``\\x00``."""
-    return text.replace("\x00", "\\x00")
+    """Free text (a reason) as the journal can hold it: a NUL written as ``\\x00``, a
+    lone surrogate as its ``\\udXXX`` escape."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode() if unstorable(text) else text
 
 
 def check_text(value: str | None, what: str) -> None:
-    """A reason, an approver or an actor the journal can hold: no NUL character (which
-    PostgreSQL refuses with a raw error)."""
-    if value is not None and "\x00" in value:
-        raise BadInput(f"{what} holds a NUL character; remove it (nothing was changed)")
+    """A reason, an approver or an actor the journal can hold: no NUL character and no
+    lone surrogate (which the database refuses with a raw error)."""
+    bad = None if not isinstance(value, str) else unstorable(value)
+    if bad is not None:
+        raise BadInput(f"{what} holds {bad}; remove it (nothing was changed)")

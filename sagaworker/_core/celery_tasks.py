@@ -10,10 +10,13 @@ from typing import Any, Protocol
 
 import structlog
 from celery import Celery
+from celery.exceptions import Reject
 
+from .._base.canonical import unstorable
 from .._base.settings import Settings
 from .._journal.retention import prune
 from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
 from .._observe.process import active_values
 from .._observe.sanitize import celery_safe
 from .._recovery.compensation import Compensator
@@ -22,6 +25,8 @@ from .._worker.execution import Executor
 from .._worker.flows import Flows
 
 __all__ = ["register_tasks"]
+
+log = get_logger()
 
 
 class Parts(Protocol):
@@ -49,6 +54,21 @@ def _context(task: Any) -> AbstractContextManager[Any]:
                                                    worker=task.request.hostname)
 
 
+def _saga_id(task: Any, saga_id: Any, reason: Any = None) -> str:
+    """The message's saga id, or a poison message: dead-lettered (rejected, not requeued),
+    never acked and lost, and never retried."""
+    if (isinstance(saga_id, str) and saga_id and unstorable(saga_id) is None
+            and (reason is None or isinstance(reason, str))):
+        return saga_id
+    bad = (f"reason is a {type(reason).__name__}" if isinstance(saga_id, str)
+           and saga_id and unstorable(saga_id) is None else f"saga id {saga_id!r:.80} is "
+           "not a saga id")
+    msg = (f"malformed {task.name} message: its {bad}; dead-lettered (fail a saga with "
+           "sw.get(saga_id).fail(reason) or `sagaworker abort`)")
+    log.error("bad_message", error=msg)
+    raise Reject(msg, requeue=False)
+
+
 def _safe(parts: Parts, call: Callable[[], Any]) -> Any:
     """``call()``, an exception handed to Celery only as a redacted copy (its events show
     it): the secret values held for this task (an undo chain's arguments) scrubbed out."""
@@ -59,7 +79,8 @@ def add_saga_failed(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.saga_failed", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def saga_failed(self: Any, saga_id: str, reason: str | None = None) -> None:
         with _context(self):
-            _safe(parts, lambda: parts.compensator.handle_failure(saga_id, reason))
+            sid = _saga_id(self, saga_id, reason)
+            _safe(parts, lambda: parts.compensator.handle_failure(sid, reason))
 
     return saga_failed
 
@@ -68,7 +89,8 @@ def add_compensate(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.compensate", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def compensate(self: Any, saga_id: str) -> None:
         with _context(self):
-            _safe(parts, lambda: parts.compensator.run_chain(saga_id))
+            sid = _saga_id(self, saga_id)
+            _safe(parts, lambda: parts.compensator.run_chain(sid))
 
     return compensate
 
@@ -77,8 +99,9 @@ def add_advance(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.advance", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
     def advance(self: Any, saga_id: str) -> None:
         with _context(self):
+            sid = _saga_id(self, saga_id)
             # the advance may run the flow's next step here (eager steps)
-            _safe(parts, lambda: parts.executor.eager.carry(saga_id, carrier=self))
+            _safe(parts, lambda: parts.executor.eager.carry(sid, carrier=self))
 
     return advance
 

@@ -9,7 +9,14 @@ from typing import Any, TypeVar
 
 from celery import Celery
 
-from .._base.canonical import check_arguments, check_json, check_size, check_text, storable
+from .._base.canonical import (
+    check_arguments,
+    check_json,
+    check_size,
+    check_text,
+    storable,
+    unstorable,
+)
 from .._base.errors import BadInput, ConfigurationError, SagaNotFound
 from .._base.registry import Registry, ToolSpec
 from .._base.settings import Settings
@@ -310,6 +317,10 @@ def _check_id(saga_id: Any) -> None:
     if any(ch < " " or ch == "\x7f" for ch in saga_id):
         raise BadInput(f"saga id {saga_id!r} holds a control character (a NUL, a line "
                        "break...); use letters, digits and punctuation")
+    bad = unstorable(saga_id)
+    if bad is not None:
+        raise BadInput(f"saga id {saga_id!r} holds {bad}; use letters, digits and "
+                       "punctuation")
     if saga_id in (".", ".."):
         raise BadInput(f"saga id {saga_id!r} is a path step: no URL can name it (a browser "
                        "resolves it even when percent-encoded); pick another id")

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 
-from .._base.errors import SagaNotFound
+from .._base.canonical import unstorable
+from .._base.errors import BadInput, SagaNotFound
 from .._base.types import TERMINAL, Phase, SagaRecord, SagaStatus
 from .._observe.logging import get_logger
 from .dialect import aware, db_later
@@ -93,6 +94,7 @@ class JournalReads:
             return found, False
 
     def saga_row(self, saga_id: str) -> Any:
+        _lookup_id(saga_id)
         with self.reader.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
 
@@ -126,6 +128,7 @@ class JournalReads:
             return conn.execute(_ENTRY, {"saga_id": saga_id, "seq": seq}).first()
 
     def inspect(self, saga_id: str) -> SagaRecord:
+        _lookup_id(saga_id)
         with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
@@ -145,7 +148,7 @@ class JournalReads:
         with self.reader.connect() as conn:
             q = raw_select(sagas).order_by(sagas.c.created_at.desc(), sagas.c.saga_id.desc())
             if status is not None:
-                q = q.where(sagas.c.status == SagaStatus(status).value)
+                q = q.where(sagas.c.status == _status(status).value)
             rows = conn.execute(q.limit(limit)).all()
             ids = [r.saga_id for r in rows]
             ents = conn.execute(raw_select(entries).where(entries.c.saga_id.in_(ids))
@@ -214,3 +217,22 @@ class JournalReads:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+def _lookup_id(saga_id: Any) -> None:
+    """A saga id looked up: BadInput naming it when no saga can have it (the database
+    would answer a NUL or a lone surrogate with a raw error)."""
+    if not isinstance(saga_id, str):
+        raise BadInput(f"saga id {saga_id!r} is a {type(saga_id).__name__}: a saga id is a "
+                       "string")
+    bad = unstorable(saga_id)
+    if bad is not None:
+        raise BadInput(f"saga id {saga_id!r} holds {bad}: no saga has such an id; check it")
+
+
+def _status(status: SagaStatus | str) -> SagaStatus:
+    try:
+        return SagaStatus(status)
+    except ValueError:
+        raise BadInput(f"status {status!r} is not a saga status; use one of "
+                       f"{', '.join(s.value for s in SagaStatus)}") from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sagaworker._base.errors import ConfigurationError
+from sagaworker._base.errors import BadInput, ConfigurationError
 
 try:
     from flask import Flask, Response, jsonify, render_template, request
@@ -74,6 +74,11 @@ def create_app(sw: Sagaworker, *, auth: WebAuth | None = None) -> Flask:
             return render_template("error.html", code=code, name=exc.name,
                                    message=exc.description), code
         return jsonify({"error": exc.description, "status": code}), code
+
+    @app.errorhandler(BadInput)
+    def bad_input(exc: BadInput) -> tuple[Response, int]:
+        # an id or a value no saga can hold (a NUL, a lone surrogate): the caller's error
+        return jsonify({"error": str(exc), "status": 400}), 400
 
     @app.errorhandler(Exception)
     def crash(exc: Exception) -> tuple[Response, int]:

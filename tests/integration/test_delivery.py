@@ -307,3 +307,24 @@ def test_undecodable_messages_are_dead_lettered_and_logged(crash_cluster: Cluste
     key = uid("k")
     assert c.sw.saga(key, lambda s: s.call(c.tool("step"), key, "after"), timeout=T).status \
         is SagaStatus.COMPLETED
+
+
+def test_a_saga_failed_message_with_a_bad_saga_id_is_dead_lettered(
+        crash_cluster: Cluster) -> None:
+    """``sagaworker.saga_failed`` (and the chain's and the advance's messages) carrying a
+    saga id that is not one (an int, a NUL) is refused with an error line and
+    dead-lettered on RabbitMQ, not acked and lost; the worker serves on."""
+    c = crash_cluster
+    probe = uid("probe")
+    bad = [("sagaworker.saga_failed", [123, "x"]), ("sagaworker.compensate", [None]),
+           ("sagaworker.advance", ["a\x00b"]), ("sagaworker.saga_failed", ["ok-id", 7])]
+    sent = {c.app.send_task(name, args=args, queue=c.settings.queue,
+                            headers={"probe": probe}).id for name, args in bad}
+    wait_for(lambda: sum(1 for e in c.events() if e["event"] == "bad_message"
+                         and "dead-lettered" in e.get("error", "")) >= len(bad),
+             T, "the malformed messages to be refused")
+    if c.broker == "rabbitmq":
+        assert len(dead_letters(c, lambda h: h.get("id") in sent, len(bad))) == len(bad)
+    key = uid("k")
+    assert c.sw.saga(key, lambda s: s.call(c.tool("step"), key, "after"), timeout=T).status \
+        is SagaStatus.COMPLETED
