@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from celery import Celery
 
@@ -125,10 +125,18 @@ class Sagaworker(AsyncTwins):
 
     # -- declaring ----------------------------------------------------------------
 
-    def tool(self, *, compensable_by: str | None = None,
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+    @overload
+    def tool(self, fn: None = None, /, *, compensable_by: str | None = None,
              reversibility: Reversibility | str | None = None, name: str | None = None,
-             idempotent: bool = False, **celery_task_options: Any) -> Callable[[F], F]:
-        """Turn a function into a journaled Celery task (options keep their Celery meaning)."""
+             idempotent: bool = False, **celery_task_options: Any) -> Callable[[F], F]: ...
+
+    def tool(self, fn: F | None = None, /, *, compensable_by: str | None = None,
+             reversibility: Reversibility | str | None = None, name: str | None = None,
+             idempotent: bool = False, **celery_task_options: Any) -> F | Callable[[F], F]:
+        """Turn a function into a journaled Celery task (options keep their Celery meaning).
+        ``@sw.tool`` and ``@sw.tool()`` alike, as Celery's ``@app.task``."""
         rev = Reversibility(reversibility) if reversibility is not None else None
 
         def decorate(fn: F) -> F:
@@ -154,7 +162,7 @@ class Sagaworker(AsyncTwins):
                 self.wiring.add_queue(spec.queue)
             return task  # type: ignore[no-any-return]
 
-        return decorate
+        return decorate if fn is None else decorate(fn)
 
     def compensation(self, fn: F) -> F:
         """Mark ``fn`` as the undo a tool names with ``compensable_by`` (same module)."""
@@ -179,13 +187,19 @@ class Sagaworker(AsyncTwins):
             raise ConfigurationError(f"{problem} (gated tools: {', '.join(gated)})")
         self.rt.journal  # noqa: B018 - reaches the database and checks its schema
 
-    def flow(self, *, name: str | None = None) -> Callable[[F], F]:
-        """Register a module-level flow function; returns it unchanged."""
-        def decorate(fn: F) -> F:
-            self.flows.add(fn, name)
-            return fn
+    @overload
+    def flow(self, fn: F, /) -> F: ...
+    @overload
+    def flow(self, fn: None = None, /, *, name: str | None = None) -> Callable[[F], F]: ...
 
-        return decorate
+    def flow(self, fn: F | None = None, /, *, name: str | None = None
+             ) -> F | Callable[[F], F]:
+        """Register a module-level flow function; returns it unchanged (``@sw.flow`` and
+        ``@sw.flow()`` alike)."""
+        def decorate(f: F) -> F:
+            return self.flows.add(f, name).fn  # type: ignore[return-value]
+
+        return decorate if fn is None else decorate(fn)
 
     def start(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,
               metadata: dict[str, Any] | None = None, deadline: float | None = None,
@@ -299,16 +313,11 @@ class Sagaworker(AsyncTwins):
             raise SagaNotFound(f"no saga {saga_id!r} in the journal")
         seqs = self.machine.reopen_dirty(saga_id, actor)
         if seqs:
-            self.send_compensate(saga_id)
+            self.rt.bus.send_compensate(saga_id)
         return seqs
-
-    # -- messages ---------------------------------------------------------------------
 
     def send_failure(self, saga_id: str, reason: str) -> None:
         self.rt.bus.send_failure(saga_id, reason)
-
-    def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
-        self.rt.bus.send_compensate(saga_id, countdown=countdown)
 
 
 def _check_id(saga_id: Any) -> None:

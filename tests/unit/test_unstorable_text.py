@@ -13,12 +13,12 @@ from sagaworker import BadInput, Sagaworker
 def test_saga_ids_with_a_lone_surrogate_or_a_nul_are_refused_naming_the_id(
         sqlite_sw: Sagaworker) -> None:
     """begin/inspect/get/abort of such an id: BadInput naming the saga id."""
-    with pytest.raises(BadInput, match="saga id .*lone surrogate"):
+    with pytest.raises(BadInput, match=r"saga id .*lone surrogate"):
         sqlite_sw.begin("a\ud800b")
     for call in (sqlite_sw.inspect, sqlite_sw.get):
-        with pytest.raises(BadInput, match="saga id .*NUL"):
+        with pytest.raises(BadInput, match=r"saga id .*NUL"):
             call("a\x00b")
-        with pytest.raises(BadInput, match="saga id .*lone surrogate"):
+        with pytest.raises(BadInput, match=r"saga id .*lone surrogate"):
             call("a\udfffb")
     assert sqlite_sw.sagas() == []
 
@@ -30,7 +30,7 @@ def test_values_with_a_lone_surrogate_are_refused_and_nothing_is_journaled(
     def note(text: str, extra: dict | None = None) -> str:
         return text
 
-    with pytest.raises(BadInput, match="metadata .*lone surrogate"):
+    with pytest.raises(BadInput, match=r"metadata .*lone surrogate"):
         sqlite_sw.begin("s-1", metadata={"who": "x\ud800"})
     saga = sqlite_sw.begin("s-2")
     with pytest.raises(BadInput, match="argument 'text' holds a string with a lone surrogate"):

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from sagaworker import CompensationContext, ConfigurationError, Reversibility, Sagaworker
+from sagaworker import (
+    CompensationContext,
+    ConfigurationError,
+    FlowContext,
+    Reversibility,
+    Sagaworker,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,3 +160,24 @@ def test_metadata_and_flow_arguments_keep_the_size_limit(tmp_path: Path) -> None
 
 def big_flow(s: object, data: str) -> str:
     return data
+
+
+def test_tool_and_flow_decorate_without_parentheses(sqlite_sw: Sagaworker) -> None:
+    """``@sw.tool`` and ``@sw.flow`` work bare, as Celery's ``@app.task`` does: a journaled
+    task and a registered flow, the same as with parentheses."""
+    from celery import Task
+
+    @sqlite_sw.tool
+    def lookup(sku: str) -> str:
+        return sku
+
+    assert sqlite_sw.flow(bare_flow) is bare_flow
+    assert isinstance(lookup, Task)
+    assert sqlite_sw.registry.tool(lookup.name) is not None
+    assert sqlite_sw.flows.spec_of(bare_flow).fn is bare_flow
+    sqlite_sw.validate()
+
+
+def bare_flow(s: FlowContext, sku: str) -> str:
+    """A module-level flow (``test_tool_and_flow_decorate_without_parentheses``)."""
+    return str(s.call("tests.unit.test_validation.lookup", sku))
