@@ -12,7 +12,9 @@ from sagaworker import Settings
 
 _settings = Settings()
 
-broker_url = _settings.broker_url
+# SAGAWORKER_BROKER_URL when set; else none here: Sagaworker then takes the embedded
+# broker beside the embedded SQLite journal, and refuses to run beside a real database
+broker_url = _settings.broker_url if "broker_url" in _settings.model_fields_set else None
 # the queue of the example's tool tasks: Celery's "celery" unless set (two deployments that
 # share a broker vhost give each its own)
 task_default_queue = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")

@@ -73,6 +73,8 @@ class CeleryConfig:
         self._tool_queues: list[str] = []
         self._made: dict[str, Queue] = {}  # the queue declarations sagaworker made
         self._route: dict[str, Any] = {"sagaworker.*": {"queue": settings().queue}}
+        #: the broker URL sagaworker put on an app that had none (the embedded default)
+        self.defaulted_broker: str | None = None
 
     @property
     def queue_names(self) -> list[str]:
@@ -87,7 +89,7 @@ class CeleryConfig:
             if not conf.value_set_for(key):
                 conf[key] = value
         if not conf.broker_url:
-            conf.broker_url = s.broker_url
+            conf.broker_url = self.defaulted_broker = s.broker_url
         opts = dict(conf.broker_transport_options or {})
         scheme = str(conf.broker_url).partition("://")[0]
         if scheme in SCHEMES and not conf.broker_transport:
@@ -117,6 +119,21 @@ class CeleryConfig:
         self._apply_queues()
         self._apply_routes()
         self._apply_beat_schedule()
+
+    def broker_problem(self) -> str | None:
+        """Why this process must not run on the broker it has: the embedded one (kombu's
+        filesystem transport, no server), taken by default beside a database that is not
+        the embedded SQLite journal. Its messages would sit in a folder of this host that
+        no worker elsewhere reads, with nothing said."""
+        s = self.settings()
+        if (self.defaulted_broker is None or "broker_url" in s.model_fields_set
+                or str(self.app.conf.broker_url) != self.defaulted_broker
+                or s.database_url.startswith("sqlite")):
+            return None
+        return ("no broker is configured beside the database journal: set "
+                "SAGAWORKER_BROKER_URL (amqp://... for RabbitMQ, redis://... for Redis) or "
+                "the Celery app's broker_url; the embedded broker serves the embedded SQLite "
+                "journal only")
 
     def add_queue(self, name: str) -> None:
         if name not in self._tool_queues:

@@ -181,6 +181,7 @@ class Sagaworker(AsyncTwins):
         than the code, or a gated tool is declared with no usable approval secret. A
         worker runs it at start and refuses to start (exit 3)."""
         self.validate()
+        self._check_broker()
         gated = sorted(name for name, spec in self.registry.tools.items() if spec.gated)
         problem = self.settings.approval_secret_problem
         if gated and problem:
@@ -247,6 +248,12 @@ class Sagaworker(AsyncTwins):
     def ensure_valid(self) -> None:
         if not self.registry.validated:
             self.registry.validate()
+            self._check_broker()
+
+    def _check_broker(self) -> None:
+        problem = self.wiring.config.broker_problem()
+        if problem:
+            raise ConfigurationError(problem)
 
     # -- running ---------------------------------------------------------------------
 

@@ -71,7 +71,9 @@ class Ops:
 def _ops() -> dict[str, Any]:
     a = auth()
     return {"ops": Ops(a.configured, a.uses_tokens, a.trusted_header,
-                       operator() if a.configured else None)}
+                       operator() if a.configured else None),
+            # the app the dashboard serves, by its Celery name (``Celery("shop")``)
+            "app_name": str(sw_of().app.main or "sagaworker")}
 
 
 def attention(recent: list[SagaRecord], dirty: list[SagaRecord]) -> list[Attention]:

@@ -213,3 +213,42 @@ def test_a_worker_without_the_journals_key_refuses_to_start(tmp_path: Path, fres
                             SAGAWORKER_ENCRYPTION_KEYS=other))
     assert "SAGAWORKER_ENCRYPTION_KEYS" in line and fingerprint(key) in line
     assert key not in line and (not other or other not in line)
+
+
+NO_BROKER_APP = (
+    "from celery import Celery\nfrom sagaworker import Sagaworker\n"
+    "app = Celery('nobroker')\nsw = Sagaworker(app)\n\n"
+    "@sw.tool()\ndef lookup(sku: str) -> str:\n    return sku\n")
+
+
+def test_a_database_journal_with_no_broker_is_refused_naming_the_setting(
+        tmp_path: Path, pg_url: str) -> None:
+    """A real database and no broker (neither SAGAWORKER_BROKER_URL nor the app's
+    broker_url): the worker exits 3 in one line naming SAGAWORKER_BROKER_URL, and a
+    producer gets a ConfigurationError saying the same, instead of messages left in a
+    folder of this host that no worker reads."""
+    from celery import Celery
+
+    (tmp_path / "nobroker.py").write_text(NO_BROKER_APP)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SAGAWORKER_", "CELERY_"))}
+    env.update(PYTHONPATH=f"{tmp_path}:{ROOT}", SAGAWORKER_DATABASE_URL=pg_url)
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "nobroker", "worker", "-c",
+                           "1", "--without-gossip", "--without-mingle"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "SAGAWORKER_BROKER_URL" in _refusal(proc)
+    producer = Sagaworker(Celery("nobroker-producer"), settings=Settings(database_url=pg_url))
+    with pytest.raises(ConfigurationError, match="SAGAWORKER_BROKER_URL"):
+        producer.begin("never-begun")
+    assert producer.journal.saga_row("never-begun") is None
+    producer.journal.engine.dispose()
+
+
+def test_the_embedded_journal_keeps_the_embedded_broker(tmp_path: Path) -> None:
+    """With the embedded SQLite journal and no broker, nothing is refused (the demo)."""
+    from celery import Celery
+
+    sw = Sagaworker(Celery("embedded"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_folder=str(tmp_path / "b")))
+    sw.journal.create_all()
+    assert sw.begin("e-1").saga_id == "e-1"

@@ -424,3 +424,11 @@ def test_commands_to_copy_quote_the_saga_id(client: FlaskClient, sw: Sagaworker,
         assert "sagaworker retry-compensation x;" not in text
     assert "sagaworker abort 'x; touch pwned $(id)' --reason" in htmllib.unescape(
         _html(client, "/"))
+
+
+def test_the_dashboard_names_the_app_it_serves(client: FlaskClient, sw: Sagaworker) -> None:
+    """The header and the page title name the Celery app (``Celery("t")``), not the
+    example's orders."""
+    page = _html(client, "/")
+    assert f"{sw.app.main} on-call" in page and "orders on-call" not in page
+    assert re.search(rf"<title>[^<]*sagas · {sw.app.main} · sagaworker</title>", page)
