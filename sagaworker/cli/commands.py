@@ -3,105 +3,20 @@
 from __future__ import annotations
 
 import getpass
-import importlib
 import json
 import os
 import sys
-from typing import Any
 
 import click
-from pydantic import ValidationError
 
-from .._base.errors import ConfigurationError, SagaNotFound, SagaworkerError
-from .._base.settings import Settings
+from .._base.errors import SagaNotFound, SagaworkerError
 from .._base.types import SagaStatus
 from .._observe.records import Redaction
 from .._observe.visible import visible
+from .context import OWN_LOGGING, Ctx, Group, app_name, log_lines, pass_ctx, use_database
 from .render import approval_line, console, redacted, render_saga, render_sagas, saga_json, to_json
 
 __all__ = ["main"]
-
-
-NO_APP = ("no app given: name the module holding your Celery app and its Sagaworker with "
-          "-A MODULE (as for `celery -A`) or SAGAWORKER_APP=MODULE")
-
-
-def app_name(app_module: str | None) -> str:
-    """The app module (-A, else SAGAWORKER_APP); never a guess."""
-    name = app_module or Settings().app
-    if not name:
-        raise click.UsageError(NO_APP)
-    return name
-
-
-def load(app_module: str | None) -> Any:
-    """Find the Sagaworker in the app module (-A, else SAGAWORKER_APP)."""
-    from .._core.sagaworker import Sagaworker
-
-    name = app_name(app_module)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        mod = importlib.import_module(name)
-    except Exception as exc:
-        raise click.UsageError(
-            f"cannot load the app module {name!r} ({type(exc).__name__}: {one_line(exc)}); "
-            "name the "
-            "module holding your Celery app and its Sagaworker with -A MODULE or "
-            "SAGAWORKER_APP, or pass --database-url for `db upgrade`") from exc
-    for value in vars(mod).values():
-        if isinstance(value, Sagaworker):
-            return value
-    raise click.UsageError(f"module {name!r} holds no Sagaworker instance; pass -A MODULE "
-                           "or set SAGAWORKER_APP to the module that creates it")
-
-
-def use_database(sw: Any, database_url: str) -> None:
-    """Point a loaded Sagaworker at another journal database (--database-url)."""
-    if database_url == sw.settings.database_url:
-        return
-    sw.settings = sw.settings.model_copy(update={"database_url": database_url})
-    sw.rt.reset_engine()  # the app module may already have opened its own journal
-
-
-class Ctx:
-    def __init__(self, app: str | None, database_url: str | None) -> None:
-        self.app = app
-        self.database_url = database_url
-        self._sw: Any = None
-
-    @property
-    def sw(self) -> Any:
-        """The app's Sagaworker, on --database-url when given."""
-        if self._sw is None:
-            sw = load(self.app)
-            if self.database_url:
-                use_database(sw, self.database_url)
-            self._sw = sw
-        return self._sw
-
-
-pass_ctx = click.make_pass_decorator(Ctx)
-
-
-class Group(click.Group):
-    """A setting that cannot work (a key that does not decrypt the journal, say) is an
-    error line naming it and exit 1, not a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (ConfigurationError, ValidationError) as exc:
-            click.echo(f"error: {one_line(exc)}", err=True)
-            sys.exit(1)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line: a settings error names each variable and what is wrong."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"SAGAWORKER_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}"
-                         for e in exc.errors())
-    return visible(" ".join(str(exc).split()))
 
 
 @click.group(cls=Group)
@@ -109,14 +24,19 @@ def one_line(exc: BaseException) -> str:
               "the Sagaworker (default: $SAGAWORKER_APP; required)")
 @click.option("--database-url", default=None, help="journal database to use instead of the "
               "one the app's Sagaworker was given")
+@click.option("-v", "--verbose", is_flag=True, help="print sagaworker's log lines (JSON) on "
+              "stderr")
 @click.pass_context
-def main(ctx: click.Context, app: str | None, database_url: str | None) -> None:
+def main(ctx: click.Context, app: str | None, database_url: str | None,
+         verbose: bool) -> None:
     """sagaworker: journaled, compensable tool tasks on Celery.
 
     Every command uses the database of the app's Sagaworker (-A MODULE or SAGAWORKER_APP),
     unless --database-url names another.
     """
     ctx.obj = Ctx(app, database_url)
+    if ctx.invoked_subcommand not in OWN_LOGGING:
+        log_lines(verbose)
 
 
 def refuse(msg: str) -> None:

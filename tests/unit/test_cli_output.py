@@ -232,3 +232,4 @@ def test_approvals_show_the_arguments_an_approver_approves(app_dir: Path) -> Non
     assert r.exit_code == 0, r.output
     _shown(r.output)
     assert "gate-\\u202eevil\\u200b\\u2066" in r.output
+
