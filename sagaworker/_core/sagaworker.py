@@ -181,7 +181,7 @@ class Sagaworker(AsyncTwins):
         than the code, or a gated tool is declared with no usable approval secret. A
         worker runs it at start and refuses to start (exit 3)."""
         self.validate()
-        self._check_broker()
+        _refuse(self.wiring.config.broker_problem())
         gated = sorted(name for name, spec in self.registry.tools.items() if spec.gated)
         problem = self.settings.approval_secret_problem
         if gated and problem:
@@ -248,12 +248,7 @@ class Sagaworker(AsyncTwins):
     def ensure_valid(self) -> None:
         if not self.registry.validated:
             self.registry.validate()
-            self._check_broker()
-
-    def _check_broker(self) -> None:
-        problem = self.wiring.config.broker_problem()
-        if problem:
-            raise ConfigurationError(problem)
+            _refuse(self.wiring.config.broker_problem())
 
     # -- running ---------------------------------------------------------------------
 
@@ -325,6 +320,11 @@ class Sagaworker(AsyncTwins):
 
     def send_failure(self, saga_id: str, reason: str) -> None:
         self.rt.bus.send_failure(saga_id, reason)
+
+
+def _refuse(problem: str | None) -> None:
+    if problem:
+        raise ConfigurationError(problem)
 
 
 def _check_id(saga_id: Any) -> None:
