@@ -73,7 +73,7 @@ def approval_line(p: ApprovalRequest) -> str:
 
 
 #: columns of a fixed vocabulary (a status, a phase, a number): never broken
-_WHOLE = {"seq", "status", "phase", "outcome", "attempts", "undo", "undo tries", "steps",
+_WHOLE = {"saga", "seq", "status", "phase", "outcome", "attempts", "undo", "undo tries", "steps",
           "created"}
 
 
