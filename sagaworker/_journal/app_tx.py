@@ -36,10 +36,12 @@ import functools
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, select
+from sqlalchemy.exc import StatementError
 
 if TYPE_CHECKING:  # the ORM is imported by an app that has a Session, never here
     from sqlalchemy.orm import Session
@@ -108,7 +110,7 @@ class AppTx:
         else:
             self.session = connection
             self.conn = connection.connection()
-        _check_same_database(engine, self.conn.engine)
+        _check_same_database(engine, self.conn)
         cipher = cipher_for(engine)
         if cipher is not None and cipher_for(self.conn.engine) is None:
             attach(self.conn.engine, cipher)  # journal values sealed on the app's engine too
@@ -118,10 +120,16 @@ class AppTx:
     def run(self, body: Callable[[Connection], _T]) -> _T:
         """``body`` on the caller's connection, in a savepoint on PostgreSQL (a refused
         write, a taken saga id, leaves the app's transaction usable)."""
-        if self.conn.dialect.name == "postgresql":
-            with self.conn.begin_nested():
-                return body(self.conn)
-        return body(self.conn)
+        try:
+            if self.conn.dialect.name == "postgresql":
+                with self.conn.begin_nested():
+                    return body(self.conn)
+            return body(self.conn)
+        except StatementError as exc:
+            # the app's engine quotes a statement's parameters in its errors; the journal's
+            # are a tool's arguments (a card): hidden, as the journal's own engine hides them
+            exc.hide_parameters = True
+            raise
 
     def after_commit(self, send: Callable[[], None], *, saga_id: str,
                      task_ids: Sequence[str] = ()) -> None:
@@ -148,9 +156,35 @@ def same_database(a: URL, b: URL) -> bool:
         b.get_backend_name(), b.host or "localhost", b.port or 5432, b.database)
 
 
-def _check_same_database(journal: Engine, app: Engine) -> None:
-    a, b = journal.url, app.url
-    if not same_database(a, b):
+#: what a PostgreSQL server says it is: its port, its start (to the microsecond) and the
+#: database; the same for every spelling of its address (localhost, 127.0.0.1, ::1, a DNS
+#: name), and never the same for two servers
+_IDENTITY = ("SELECT inet_server_port(), pg_postmaster_start_time()::text, "
+             "current_database()")
+_identities: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def _identity(conn: Connection) -> Any:
+    return tuple(conn.exec_driver_sql(_IDENTITY).one())
+
+
+def _same_server(journal: Engine, app: Connection) -> bool:
+    """Two URLs that differ may name one PostgreSQL database: ask both connections."""
+    if journal.dialect.name != "postgresql" or app.dialect.name != "postgresql":
+        return False
+    try:
+        if journal not in _identities:
+            with journal.connect() as c:
+                _identities[journal] = _identity(c)
+        with app.begin_nested() if app.in_transaction() else app.begin():
+            return bool(_identities[journal] == _identity(app))
+    except Exception:  # (a server that cannot say: the URLs decide, as before)
+        return False
+
+
+def _check_same_database(journal: Engine, conn: Connection) -> None:
+    a, b = journal.url, conn.engine.url
+    if not same_database(a, b) and not _same_server(journal, conn):
         raise ConfigurationError(
             f"connection= is on {b.render_as_string(hide_password=True)}, the journal on "
             f"{a.render_as_string(hide_password=True)}: the saga can share a transaction "

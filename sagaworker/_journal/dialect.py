@@ -15,7 +15,7 @@ from sqlalchemy.sql.functions import GenericFunction
 from sqlalchemy.types import DateTime, Float
 
 __all__ = ["READ_ONLY", "aware", "db_later", "db_now", "is_busy", "listens", "make_engine",
-           "normalize_url", "read_only", "seconds_between", "single_writer"]
+           "normalize_url", "private_file", "read_only", "seconds_between", "single_writer"]
 
 #: execution option of connections that only read (on SQLite: no write lock, see below)
 READ_ONLY = "sagaworker_read_only"
@@ -34,7 +34,7 @@ def make_engine(url: str) -> Engine:
     parameters (a tool's arguments, secrets among them): such errors reach log lines."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        _private_file(make_url(url).database)
+        private_file(make_url(url).database)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
                                hide_parameters=True)
         _sqlite_immediate_transactions(engine)
@@ -47,7 +47,7 @@ def make_engine(url: str) -> Engine:
                          hide_parameters=True)
 
 
-def _private_file(path: str | None) -> None:
+def private_file(path: str | None) -> None:
     """A new SQLite journal is created readable by its owner only (0600): it holds the
     arguments in clear. SQLite gives its WAL and shared-memory files the same mode. An
     existing file keeps the mode it has; a folder that does not exist is reported later."""

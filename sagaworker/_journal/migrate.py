@@ -22,4 +22,13 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
+    url = normalize_url(database_url)
+    if url.startswith("sqlite"):
+        # a journal `db upgrade` creates is its owner's only (0600), as the journal's own
+        # engine makes it: Alembic's engine would create it with the umask's mode (0644)
+        from sqlalchemy.engine import make_url
+
+        from .dialect import private_file
+
+        private_file(make_url(url).database)
     command.upgrade(alembic_config(database_url), revision)

@@ -212,6 +212,24 @@ def test_a_connection_on_another_database_is_refused(crash_cluster: Cluster) -> 
         other.dispose()
 
 
+def test_the_journals_database_spelled_another_way_is_accepted(
+        crash_cluster: Cluster) -> None:
+    """The journal on 127.0.0.1, the app's engine on ``localhost`` (one server, one
+    database): accepted (the servers are asked what they are), and the saga commits
+    with the app's transaction."""
+    url = crash_cluster.settings.database_url.replace("127.0.0.1", "localhost")
+    assert url != crash_cluster.settings.database_url
+    spelled = create_engine(url)
+    key = uid("lh")
+    try:
+        with Session(spelled) as s:
+            crash_cluster.sw.begin(key, connection=s)
+            s.commit()
+    finally:
+        spelled.dispose()
+    assert crash_cluster.sw.journal.saga_row(key) is not None
+
+
 def test_a_flow_started_in_the_app_transaction(
         crash_cluster: Cluster, app_engine: Engine) -> None:
     """sw.start(connection=): rolled back, no saga; committed, the workers carry the flow."""

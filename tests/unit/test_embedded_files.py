@@ -45,3 +45,22 @@ def test_embedded_journal_and_broker_files_are_private(
     assert {str(p): mode(p) for p in folders} == {str(p): 0o700 for p in folders}
     messages = list((broker / "out").glob("*.msg"))
     assert messages and all(mode(p) == 0o600 for p in messages)
+
+
+@pytest.mark.parametrize("how", ["upgrade", "create_schema"])
+def test_a_journal_made_by_db_upgrade_is_private(tmp_path: Path, how: str) -> None:
+    """``sagaworker db upgrade`` (``upgrade``) and ``sw.create_schema()`` create a new
+    SQLite journal 0600 too, whatever the umask (Alembic's engine would make it 0644)."""
+    from sagaworker._journal.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    old = os.umask(0o022)
+    try:
+        if how == "upgrade":
+            upgrade(url)
+        else:
+            Sagaworker(Celery("schema"), settings=Settings(
+                database_url=url, broker_url="memory://")).create_schema()
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "j.db") == 0o600
