@@ -125,10 +125,17 @@ class Settings(BaseSettings):
         if self.approval_secret is None:
             return ("SAGAWORKER_APPROVAL_SECRET is unset; approvals need it (the same value "
                     f"on producers, workers and wherever approvals are decided). {MAKE_SECRET}")
-        n = len(self.approval_secret.get_secret_value().encode())
-        if n < MIN_SECRET_BYTES:
-            return (f"SAGAWORKER_APPROVAL_SECRET is {n} bytes; an approval secret needs at "
-                    f"least {MIN_SECRET_BYTES} random bytes. {MAKE_SECRET}")
+        # several, comma-separated, while one is rotated: the first signs, all verify
+        parts = [p.strip() for p in self.approval_secret.get_secret_value().split(",")]
+        if not any(parts):
+            return ("SAGAWORKER_APPROVAL_SECRET holds only spaces; an approval secret needs "
+                    f"at least {MIN_SECRET_BYTES} random bytes. {MAKE_SECRET}")
+        for i, part in enumerate(p for p in parts if p):
+            n = len(part.encode())
+            if n < MIN_SECRET_BYTES:
+                which = f" (its secret #{i + 1})" if len(parts) > 1 else ""
+                return (f"SAGAWORKER_APPROVAL_SECRET{which} is {n} bytes; an approval secret "
+                        f"needs at least {MIN_SECRET_BYTES} random bytes. {MAKE_SECRET}")
         return None
 
     @field_validator("encryption_keys", mode="before")

@@ -187,6 +187,8 @@ class Sagaworker(AsyncTwins):
         if gated and problem:
             raise ConfigurationError(f"{problem} (gated tools: {', '.join(gated)})")
         self.rt.journal  # noqa: B018 - reaches the database and checks its schema
+        if gated:  # the journal's approvals are made with this process's secret
+            self.gate.checked_signer()
 
     @overload
     def flow(self, fn: F, /) -> F: ...

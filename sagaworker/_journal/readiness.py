@@ -22,6 +22,7 @@ __all__ = ["check_journal", "check_keys", "masked", "unreachable"]
 
 VERSION_TABLE = "sagaworker_alembic_version"
 _KEY = "key:"  # a fact naming a key values are sealed with
+_APPROVAL = "approval:"  # a fact naming an approval secret's fingerprint
 
 
 def masked(url: str) -> str:
@@ -153,6 +154,33 @@ def check_keys(engine: Engine, cipher: Cipher | None) -> None:
             try:
                 with conn.begin_nested():
                     conn.execute(insert(facts).values(name=_KEY + mine[0], value="seals"))
+            except IntegrityError:
+                pass  # another process recorded it a moment ago
+
+
+def check_approval_secrets(engine: Engine, fingerprints: list[str]) -> None:
+    """Refuse a process whose approval secret is not the one this journal's approvals are
+    made with: the journal records the fingerprints of the secrets that sign (a process
+    approving with another secret would hand out tokens no other process accepts, and
+    its approvals would run on workers that never checked them against their secret). A
+    process holding one of them (the others listed after it, while rotating) records the
+    first."""
+    with engine.begin() as conn:
+        known = set(conn.execute(select(facts.c.name).where(
+            facts.c.name.like(f"{_APPROVAL}%"))).scalars())
+        known = {n[len(_APPROVAL):] for n in known}
+        if known and not known & set(fingerprints):
+            raise ConfigurationError(
+                "SAGAWORKER_APPROVAL_SECRET is not the secret this journal's approvals are "
+                f"made with (fingerprint {', '.join(sorted(known))}; this process holds "
+                f"{', '.join(fingerprints)}): set the same secret on producers, workers and "
+                "wherever approvals are decided; to rotate it, list the new secret first and "
+                "the old one after it, comma-separated, everywhere")
+        if fingerprints[0] not in known:
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(facts).values(name=_APPROVAL + fingerprints[0],
+                                                      value="signs approvals"))
             except IntegrityError:
                 pass  # another process recorded it a moment ago
 

@@ -2,117 +2,53 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
-import json
-import time
 from typing import Any, NoReturn
 
 from sqlalchemy import or_, select
 
 from .._base.canonical import args_digest, check_text, storable
-from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
-from .._base.settings import Settings
+from .._base.errors import ApprovalInvalid, BadInput
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware, db_now
 from .._journal.moves_base import new_token
+from .._journal.readiness import check_approval_secrets
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .deadlines import deadline_passed
+from .signer import Signer, signer_for
 
 __all__ = ["Gate", "Signer", "signer_for"]
 
 log = get_logger()
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-class Signer:
-    """HMAC tokens over a gated step. ``problem``: why the configured secret may not be
-    used (too short); signing and verifying then refuse, saying so."""
-
-    def __init__(self, secret: str | None, ttl: float, *, problem: str | None = None) -> None:
-        self.secret, self.ttl, self.problem = secret, ttl, problem
-
-    def check(self) -> None:
-        """Raise ConfigurationError when approvals cannot work (no secret, a short one)."""
-        self._key()
-
-    def _key(self) -> bytes:
-        if not self.secret:
-            raise ConfigurationError(
-                "approvals need a secret: set SAGAWORKER_APPROVAL_SECRET (the same value on "
-                "producers, workers and wherever approvals are decided)")
-        if self.problem:
-            raise ConfigurationError(self.problem)
-        return self.secret.encode()
-
-    def bind(self, digest: str) -> str:
-        """What a token carries of the arguments' digest: keyed with the secret, so the
-        token tells nothing about the arguments (an unkeyed SHA-256 of a card number is
-        found by trying every number)."""
-        return _b64(hmac.new(self._key(), b"args|" + digest.encode(),
-                             hashlib.sha256).digest())
-
-    def sign(self, saga_id: str, seq: int, tool: str, digest: str, nonce: str) -> str:
-        body = {"s": saga_id, "q": seq, "t": tool, "d": self.bind(digest), "n": nonce,
-                "e": int(time.time() + self.ttl)}
-        payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
-        mac = hmac.new(self._key(), payload.encode(), hashlib.sha256).digest()
-        return f"{payload}.{_b64(mac)}"
-
-    def verify(self, token: str) -> dict[str, Any]:
-        key = self._key()
-        try:
-            payload, mac = token.strip().split(".")
-            expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
-            if not hmac.compare_digest(expected, _unb64(mac)):
-                raise ValueError("bad signature")
-            body: dict[str, Any] = json.loads(_unb64(payload))
-            saga_id, seq = body["s"], body["q"]
-            if not isinstance(saga_id, str) or not isinstance(seq, int):
-                raise ValueError("bad body")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ApprovalInvalid(
-                "approval token is not valid (forged or damaged); nothing changed. Get a "
-                "fresh token from sw.pending_approvals() or `sagaworker approvals`") from exc
-        if body["e"] < time.time():
-            raise ApprovalInvalid(
-                f"approval token for saga {saga_id!r} step {seq} expired; nothing changed. "
-                "The gate is still open: get a fresh token from sw.pending_approvals()")
-        return body
-
-
-def signer_for(settings: Settings) -> Signer:
-    """The settings' signer; it refuses to sign or verify with a secret too short."""
-    secret = settings.approval_secret
-    return Signer(secret.get_secret_value() if secret is not None else None,
-                  settings.approval_ttl,
-                  problem=settings.approval_secret_problem if secret is not None else None)
-
-
 class Gate:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self._checked: list[str] | None = None
 
     @property
     def signer(self) -> Signer:
         return signer_for(self.rt.settings)
 
+    def checked_signer(self) -> Signer:
+        """The signer, once the journal said its secret is the one its approvals are made
+        with (asked once per secret in this process)."""
+        signer = self.signer
+        signer.check()
+        if self._checked != signer.fingerprints:
+            check_approval_secrets(self.rt.journal.engine, signer.fingerprints)
+            self._checked = signer.fingerprints
+        return signer
+
     def pending(self) -> list[ApprovalRequest]:
         """Open gates of sagas never asked to fail (a failing saga's gates are closed),
         nor past their deadline: closed at the read, not only once the sweeper has failed
         the saga (``approve`` refuses them too)."""
-        signer = self.signer
+        signer = self.checked_signer()
         with self.rt.journal.reader.connect() as conn:
             rows = conn.execute(select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
@@ -136,7 +72,7 @@ class Gate:
                            "string, journaled and logged with the decision); nothing changed")
         check_text(approver, "the approver")
         reason = None if reason is None else storable(reason)
-        signer = self.signer
+        signer = self.checked_signer()
         body = signer.verify(token)
         saga_id, seq = body["s"], body["q"]
 
@@ -152,7 +88,8 @@ class Gate:
             if not (hmac.compare_digest(body["n"], row.approval_nonce)
                     and body["t"] == row.tool_name
                     and hmac.compare_digest(str(body["d"]),
-                                            signer.bind(args_digest(row.args, row.kwargs)))):
+                                            signer.bind(args_digest(row.args, row.kwargs),
+                                                        body["key"]))):
                 raise ApprovalInvalid(
                     f"approval token does not match saga {saga_id!r} step {seq} (tool or "
                     "arguments differ); nothing changed. Review the step and use the token "

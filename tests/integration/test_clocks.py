@@ -30,6 +30,7 @@ from sagaworker import (
 from sagaworker._journal.dialect import aware, db_later, db_now
 from sagaworker._journal.machine import Start
 from sagaworker._journal.schema import entries, sagas
+from tests.conftest import TEST_SECRET
 
 _M = "tests.integration.test_clocks"
 
@@ -74,7 +75,7 @@ def journal_only(request: pytest.FixtureRequest, tmp_path: Path, **settings: Any
     url = (f"sqlite:///{tmp_path / 'j.db'}" if request.param == "sqlite"
            else request.getfixturevalue("pg_url"))
     sw = Sagaworker(Celery("journal", broker="memory://"), settings=Settings(
-        database_url=url, broker_url="memory://", approval_secret="s" * 40,
+        database_url=url, broker_url="memory://", approval_secret=TEST_SECRET,
         lease_seconds=30, **settings))
     sw.rt.bus = Bus()  # type: ignore[assignment]
     return sw

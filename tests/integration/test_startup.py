@@ -252,3 +252,23 @@ def test_the_embedded_journal_keeps_the_embedded_broker(tmp_path: Path) -> None:
         database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_folder=str(tmp_path / "b")))
     sw.journal.create_all()
     assert sw.begin("e-1").saga_id == "e-1"
+
+
+def test_a_worker_with_another_approval_secret_refuses_to_start(
+        tmp_path: Path, pg_url: str) -> None:
+    """The journal's approvals are made with TEST_SECRET (its fingerprint recorded); a
+    worker with gated tools and another secret exits 3 in one line naming both
+    fingerprints: it would run steps approved with a secret it does not hold."""
+    from celery import Celery
+
+    from sagaworker._producer.signer import approval_fingerprint
+
+    recorder = Sagaworker(Celery("rec", broker="memory://"), settings=Settings(
+        database_url=pg_url, approval_secret=TEST_SECRET))
+    recorder.gate.checked_signer()
+    recorder.journal.engine.dispose()
+    other = "another-approval-secret-" + "9" * 32
+    line = _refusal(_worker(tmp_path, pg_url, other))
+    assert "SAGAWORKER_APPROVAL_SECRET" in line
+    assert approval_fingerprint(TEST_SECRET) in line and approval_fingerprint(other) in line
+    assert other not in line

@@ -100,3 +100,67 @@ def test_a_sagaworker_signs_with_the_secret_value(tmp_path: Path) -> None:
     assert Signer(secret, 60).verify(token)["s"] == "saga"
     with pytest.raises(ApprovalInvalid):
         Signer("**********", 60).verify(token)
+
+
+S1, S2, S3 = ("first-secret-" + "1" * 32), ("other-secret-" + "2" * 32), ("next-secret-" + "3" * 32)
+
+
+def _sw(tmp_path: Path, secret: str) -> Sagaworker:
+    sw = Sagaworker(Celery("secrets", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", approval_secret=secret,
+        broker_url="memory://", broker_folder=str(tmp_path / "b")))
+    sw.rt.bus.publish_step = lambda *a, **k: True  # type: ignore[method-assign]
+
+    @sw.tool(reversibility="IRREVERSIBLE")
+    def ship(order: str) -> str:
+        return order
+
+    return sw
+
+
+def test_a_process_with_another_approval_secret_is_refused(tmp_path: Path) -> None:
+    """The journal records the fingerprint of the secret its approvals are made with: a
+    process holding another one can neither list gates nor approve (ConfigurationError
+    naming both fingerprints, nothing changed); a token it signed says it came from
+    another secret."""
+    from sagaworker._producer.signer import approval_fingerprint
+
+    a = _sw(tmp_path, S1)
+    a.journal.create_all()
+    a.begin("g-1").enqueue(a.registry.tool("tests.unit.test_approval_tokens.ship").task, "o")
+    [req] = a.pending_approvals()
+    b = _sw(tmp_path, S2)
+    for call in (b.pending_approvals, lambda: b.approve(req.token, approver="mallory")):
+        with pytest.raises(ConfigurationError, match=approval_fingerprint(S1)) as err:
+            call()
+        assert approval_fingerprint(S2) in str(err.value) and S1 not in str(err.value)
+    assert a.inspect("g-1").entries[0].phase.value == "AWAITING_APPROVAL"
+    with pytest.raises(ApprovalInvalid, match="not signed with the approval secret"):
+        Signer(S2, 60).verify(req.token)
+
+
+def test_an_approval_secret_is_rotated_by_listing_the_new_one_first(tmp_path: Path) -> None:
+    """``SAGAWORKER_APPROVAL_SECRET=new,old``: a token made with the old secret still
+    approves; new tokens are signed with the new one (which an old-only process refuses
+    until it is given both)."""
+    a = _sw(tmp_path, S1)
+    a.journal.create_all()
+    ship = a.registry.tool("tests.unit.test_approval_tokens.ship").task
+    a.begin("r-1").enqueue(ship, "o1")
+    a.begin("r-2").enqueue(ship, "o2")
+    old = {r.saga_id: r.token for r in a.pending_approvals()}
+    c = _sw(tmp_path, f"{S3},{S1}")
+    c.approve(old["r-1"], approver="alice")
+    new = {r.saga_id: r.token for r in c.pending_approvals()}
+    assert Signer(S3, 60).verify(new["r-2"])["s"] == "r-2"
+    with pytest.raises(ApprovalInvalid, match="not signed"):
+        Signer(S1, 60).verify(new["r-2"])
+    c.approve(new["r-2"], approver="alice")
+    assert [e.entries[0].phase.value for e in (c.inspect("r-1"), c.inspect("r-2"))] == [
+        "INTENT", "INTENT"]
+
+
+def test_a_blank_or_short_rotated_secret_is_named() -> None:
+    """Spaces only, or a short secret in the list: the problem names which."""
+    assert "only spaces" in (Settings(approval_secret="   ").approval_secret_problem or "")
+    assert "#2" in (Settings(approval_secret=f"{S1},short").approval_secret_problem or "")
