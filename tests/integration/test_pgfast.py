@@ -373,3 +373,40 @@ def test_an_eager_claim_whose_reply_is_lost_while_the_database_is_away_stays_cla
             entries.c.saga_id == saga_id)).all()
     assert [tuple(r) for r in rows] == [(1, "tok-eager")]
     sw.journal.engine.dispose()
+
+
+@pytest.mark.parametrize("holder", ["a running forward step", "another undo's live lease"])
+def test_the_one_call_undo_claims_nothing_while_something_holds_the_chain(
+        proxied: tuple[Sagaworker, Proxy], holder: str) -> None:
+    """``sagaworker_undo_next``'s own guards, each alone: the outcome of undo 3 is
+    journaled but undo 2 is not claimed while a forward step of the saga runs (its late
+    arrival is undone first) or while another undo of the saga holds a live lease (one
+    undo at a time); the chain is told to wait. Removing either guard from the function
+    fails this test."""
+    from sqlalchemy import func as sa_func
+    from sqlalchemy import update as sa_update
+
+    from sagaworker._base.types import OutcomeResult
+    from sagaworker._journal.machine import UndoClaim
+
+    sw, _ = proxied
+    saga_id = _executed_saga(sw, 3)
+    m = sw.rt.machine
+    c1 = "c1".ljust(32, "x")
+    assert m.claim_undo(saga_id, c1).row.seq == 3
+    later = sa_func.now() + sa_func.make_interval(0, 0, 0, 0, 0, 0, 60)
+    with sw.journal.engine.begin() as conn:
+        if holder == "a running forward step":  # a step journaled late, still running
+            conn.execute(sa_update(entries).where(entries.c.saga_id == saga_id,
+                                                  entries.c.seq == 1)
+                         .values(phase="INTENT", lease_until=later, compensation=None))
+        else:  # another chain's undo of step 1, alive
+            conn.execute(sa_update(entries).where(entries.c.saga_id == saga_id,
+                                                  entries.c.seq == 1)
+                         .values(comp_lease_until=later, undo_token="other".ljust(32, "x")))
+    recorded, st = m.record_and_claim(saga_id, 3, OutcomeResult.COMPENSATED, None, 1, c1,
+                                      "c2".ljust(32, "x"))
+    assert recorded
+    assert st.state in (UndoClaim.WAITING, UndoClaim.BUSY), st.state
+    row2 = sw.journal.entry_row(saga_id, 2)
+    assert (row2.comp_lease_until, row2.undo_token) == (None, None)
