@@ -91,6 +91,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("lease-takeover-pg", "the PostgreSQL claim ignores a held lease",
        PGFAST, "AND e.lease_until IS NULL AND e.tool_name", "AND e.tool_name",
        database="postgresql"),
+    _m("approved-gate-failing", "an approved gated step of a saga asked to fail is run "
+       "instead of CANCELLED", STEP, "        if failing:\n            why = (",
+       "        if failing and row.approved_by is None:\n            why = ("),
     _m("rerun-not-idempotent", "a non-idempotent step is re-run after its worker was lost",
        STEP, "if died and (failing or not idempotent or row.reruns",
        "if died and (failing or row.reruns"),
