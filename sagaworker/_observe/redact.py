@@ -15,6 +15,7 @@ worker journals and logs, and, while a task runs, out of every log line of its p
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,11 +61,27 @@ def _walk(value: Any, keys: frozenset[str], secret: bool, sink: list[str] | None
     if isinstance(value, list | tuple):
         return [_walk(v, keys, secret, sink) for v in value]
     if secret:
-        if sink is not None and not isinstance(value, bool) and isinstance(value, str | int
-                                                                            | float):
-            sink.append(str(value))
+        if sink is not None and not isinstance(value, bool) and value is not None:
+            sink.extend(_as_text(value))
         return REDACTED
     return value
+
+
+def _as_text(value: Any) -> list[str]:
+    """The ways a secret value shows in free text: its ``str`` and ``repr`` (a UUID, a
+    Decimal, a datetime as f-strings and containers quote them), its ISO form (as JSON and logs write a
+    datetime), a bytes value decoded and as its repr shows it."""
+    if isinstance(value, str | int | float):
+        return [str(value)]
+    if isinstance(value, bytes | bytearray):
+        raw = bytes(value)
+        return [raw.decode("utf-8", "replace"), repr(raw)[2:-1]]
+    out = [str(value), repr(value)]
+    iso = getattr(value, "isoformat", None)
+    if callable(iso):
+        with contextlib.suppress(Exception):  # (an isoformat that needs arguments)
+            out.append(str(iso()))
+    return out
 
 
 def _secret(value: Any, keys: frozenset[str], sink: list[str] | None) -> str:

@@ -92,6 +92,29 @@ def test_error_text_scrubs_the_bound_values() -> None:
     assert secret_values(SIG, ["12", 5], {}, ["card"]) == []
 
 
+@pytest.mark.parametrize("value", [
+    __import__("uuid").UUID("8c2d6a3e-1f4b-4c9a-9b1e-2f3a4b5c6d7e"),
+    __import__("decimal").Decimal("123456789.25"),
+    __import__("datetime").datetime(2026, 12, 6, 4, 58, 13),
+    b"raw-secret-bytes-0001",
+], ids=["uuid", "decimal", "datetime", "bytes"])
+def test_secret_values_that_are_not_strings_are_scrubbed_from_free_text(value: Any) -> None:
+    """A redacted argument that is a UUID, a Decimal, a datetime or bytes is scrubbed
+    from an error's text however the text quotes it (str, repr, ISO form)."""
+    import inspect as _inspect
+
+    def tool(token: Any, n: int) -> None: ...
+
+    sig = _inspect.signature(tool)
+    quoted = [str(value), repr(value)]
+    if hasattr(value, "isoformat"):
+        quoted.append(value.isoformat())
+    for text in quoted:
+        out = error_text(ValueError(f"refused {text} now"), sig, [value, 5], {}, ["token"])
+        assert out.startswith("ValueError: refused ") and "now" in out
+        assert str(value) not in out and text not in out, out
+
+
 # -- a Sagaworker with SAGAWORKER_REDACT=card ---------------------------------------------
 
 
