@@ -69,8 +69,8 @@ def _walk(value: Any, keys: frozenset[str], secret: bool, sink: list[str] | None
 
 def _as_text(value: Any) -> list[str]:
     """The ways a secret value shows in free text: its ``str`` and ``repr`` (a UUID, a
-    Decimal, a datetime as f-strings and containers quote them), its ISO form (as JSON and logs write a
-    datetime), a bytes value decoded and as its repr shows it."""
+    Decimal, a datetime as f-strings and containers quote them), its ISO form (as JSON
+    and logs write a datetime), a bytes value decoded and as its repr shows it."""
     if isinstance(value, str | int | float):
         return [str(value)]
     if isinstance(value, bytes | bytearray):
