@@ -140,6 +140,12 @@ def _header_user(request: Request, header: str) -> str:
     return value
 
 
+#: headers a client sends of its own: never an identity a proxy vouches for
+_CLIENT_HEADERS = frozenset({"host", "authorization", "cookie", "user-agent", "referer",
+                             "origin", "content-type", "content-length", "accept",
+                             "proxy-authorization"})
+
+
 class WebAuth:
     """The configured ways to authenticate an operator (none: read-only)."""
 
@@ -164,6 +170,13 @@ class WebAuth:
         if header and not re.match(r"^[A-Za-z0-9-]+$", header):
             raise AuthConfigError(f"SAGAWORKER_WEB_TRUSTED_HEADER {header!r} is not a header "
                                   "name (letters, digits and '-')")
+        if header.lower() in _CLIENT_HEADERS:
+            # a header every client sends itself (no proxy replaces it): trusting it would
+            # make anyone who sets it an operator
+            raise AuthConfigError(
+                f"SAGAWORKER_WEB_TRUSTED_HEADER {header!r} is a header clients send "
+                "themselves; name the header your authenticating proxy sets (and strips from "
+                "requests), e.g. X-Forwarded-User")
         self.trusted_header = header or None
 
     @classmethod

@@ -383,3 +383,11 @@ def test_a_revocation_that_keeps_size_and_mtime_is_seen(tmp_path: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
     assert [n for n, _ in tokens.load()] == ["carol"]
+
+
+@pytest.mark.parametrize("header", ["Host", "authorization", "Cookie"])
+def test_a_header_clients_send_themselves_is_refused_as_trusted(header: str) -> None:
+    """SAGAWORKER_WEB_TRUSTED_HEADER=Host (or Authorization, Cookie) would make anyone an
+    operator: refused at start, naming the setting and what to name instead."""
+    with pytest.raises(AuthConfigError, match=r"SAGAWORKER_WEB_TRUSTED_HEADER.*proxy"):
+        WebAuth(trusted_header=header)
