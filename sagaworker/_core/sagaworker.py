@@ -264,7 +264,7 @@ class Sagaworker(AsyncTwins):
         self._check_metadata(metadata)
         tx = None if connection is None else AppTx(self.journal.engine, connection)
         # traced: the saga's start span, whose context is journaled with it
-        with tracing.span("saga begin", saga_id=saga_id) as s:
+        with tracing.span("saga begin", root=True, saga_id=saga_id) as s:
             self.journal.create_saga(saga_id, dict(metadata or {}),
                                      deadline=_deadline(deadline), tx=tx,
                                      trace_context=s.carrier)

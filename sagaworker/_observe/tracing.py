@@ -75,16 +75,26 @@ def _context(carrier: str | None) -> Any:
 
 
 def _start(tracer: Any, name: str, kind: str, parent: str | None, link: str | None,
-           attrs: dict[str, Any], start_ns: int | None = None) -> Any:
+           attrs: dict[str, Any], start_ns: int | None = None, *, root: bool = False) -> Any:
     """A started span: the child of the journaled ``parent`` (of the current context when
-    there is none), linked to the journaled ``link``."""
+    there is none), linked to the journaled ``link``. ``root``: the first span of a trace
+    of its own, linked to the caller's current span (a saga outlives the request that
+    began it, and a caller's ``traceparent`` must not choose the saga's trace)."""
     trace = sys.modules["opentelemetry.trace"]
     links = None
     linked = _context(link)
     if linked is not None:
         links = [trace.Link(trace.get_current_span(linked).get_span_context())]
+    context = _context(parent)
+    if root:
+        from opentelemetry.context import Context
+
+        caller = trace.get_current_span().get_span_context()
+        if caller.is_valid:
+            links = [*(links or []), trace.Link(caller)]
+        context = Context()
     return tracer.start_span(
-        name, context=_context(parent), kind=getattr(trace.SpanKind, kind),
+        name, context=context, kind=getattr(trace.SpanKind, kind),
         attributes={_PREFIX + k: v for k, v in attrs.items() if v is not None},
         links=links, start_time=start_ns)
 
@@ -149,13 +159,14 @@ NO_SPAN = Spanned(None)
 
 @contextmanager
 def span(name: str, *, parent: str | None = None, link: str | None = None,
-         kind: str = "INTERNAL", **attrs: Any) -> Iterator[Spanned]:
-    """A span around a block, current inside it; what the block raises is its error."""
+         kind: str = "INTERNAL", root: bool = False, **attrs: Any) -> Iterator[Spanned]:
+    """A span around a block, current inside it; what the block raises is its error
+    (``root``: a trace of its own, linked to the caller's span)."""
     tracer = _tracer()
     if tracer is None:
         yield NO_SPAN
         return
-    s = Spanned(_start(tracer, name, kind, parent, link, attrs))
+    s = Spanned(_start(tracer, name, kind, parent, link, attrs, root=root))
     try:
         with s.current():
             yield s

@@ -124,7 +124,8 @@ class Flows:
             check_json([args, kwargs], f"the arguments of flow {spec.name!r} ({bad})")
         check_size(canonical_args(args, kwargs), f"the arguments of flow {spec.name!r}",
                    self.rt.settings.max_args_bytes)
-        with tracing.span("saga start", saga_id=saga_id, flow=spec.name) as s:
+        with tracing.span("saga start", root=True, saga_id=saga_id,
+                          flow=spec.name) as s:
             self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
                                         flow=spec.name, flow_args=list(args),
                                         flow_kwargs=dict(kwargs), tx=tx,

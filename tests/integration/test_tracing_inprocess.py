@@ -159,3 +159,30 @@ def test_a_failed_steps_span_quotes_no_redacted_value(tmp_path: Path) -> None:
         [["exception", {"exception.type": "builtins.ValueError",
                         "exception.message": "ValueError: card [REDACTED] declined"}]])]
     assert "4000111122223333" not in out[-1]
+
+
+CALLER = """
+import json, sys
+from celery import Celery
+from sagaworker import Sagaworker
+
+sw = Sagaworker(Celery("t", broker="memory://"), database_url="sqlite:///" + sys.argv[1])
+sw.journal.create_all()
+with trace.get_tracer("web").start_as_current_span("POST /orders") as request:
+    sw.begin("c-1")
+got = {s.name: s for s in exporter.get_finished_spans()}
+begin, caller = got["saga begin"], got["POST /orders"]
+print(json.dumps({"parent": begin.parent.span_id if begin.parent else None,
+                  "same_trace": begin.context.trace_id == caller.context.trace_id,
+                  "links": [lk.context.span_id == caller.context.span_id
+                            for lk in begin.links]}))
+"""
+
+
+def test_a_saga_begun_inside_a_callers_span_starts_a_trace_linked_to_it(
+        tmp_path: Path) -> None:
+    """A web request's span (its ``traceparent``) is current when the saga begins: the
+    saga gets a trace of its own, linked to the request's span, not the request's trace
+    (a caller never chooses the trace every worker and undo of the saga joins)."""
+    out = _run(TRACED + CALLER, tmp_path)
+    assert json.loads(out[-1]) == {"parent": None, "same_trace": False, "links": [True]}
