@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any
 
 from .._base.errors import ConfigurationError, ToolFailed
+from .._observe.redact import redact_call
 from .._producer.saga import Saga
 from ._core import AgentTool, AgentTools, ArgumentsRefused, GatePending, require
 
@@ -116,11 +117,16 @@ async def _outcome(tools: AgentTools, tool: AgentTool, call_id: str, args: list[
         try:
             return await tools.call(tool, call_id, args, kwargs)
         except GatePending as gate:
-            _pause(gate, call_id, given)
+            # the payload is the framework's: checkpointed, shown to a human, maybe logged.
+            # Its arguments are redacted as everywhere else (SAGAWORKER_REDACT)
+            shown = redact_call(tool.spec.signature, [], given,
+                                tools.saga.rt.settings.redact_keys)[1]
+            _pause(gate, call_id, shown)
 
 
 def _pause(gate: GatePending, call_id: str, arguments: dict[str, Any]) -> None:
-    """Interrupt the graph at the gate (returns only on a resumed run)."""
+    """Interrupt the graph at the gate (returns only on a resumed run); ``arguments`` as
+    people may see them (redacted)."""
     step = gate.step
     try:
         interrupt({"sagaworker": "approval", "saga_id": step.saga_id, "seq": step.seq,

@@ -479,3 +479,46 @@ def test_a_gated_tool_outside_a_graph_says_how_to_run_it(cluster: Cluster) -> No
 
     asyncio.run(main())
     assert kinds(cluster, key) == []
+
+
+def test_the_interrupt_payload_carries_redacted_arguments(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's LangGraph interrupt payload (checkpointed, shown to people) carries the
+    call's arguments redacted as everywhere else: SAGAWORKER_REDACT=card hides the card."""
+    from celery import Celery
+
+    from sagaworker import Reversibility, Sagaworker, Settings
+    from tests.conftest import UNIT_SECRET
+
+    sw = Sagaworker(Celery("lc-redact", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret=UNIT_SECRET, redact="card", broker_folder=str(tmp_path / "b")))
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def pay_out(card: str, amount: int) -> str:
+        """Pays out to a card."""
+        return "paid"
+
+    class Paused(Exception):
+        pass
+
+    seen: list[dict[str, Any]] = []
+
+    def fake_interrupt(payload: dict[str, Any]) -> None:
+        seen.append(payload)
+        raise Paused
+
+    monkeypatch.setattr(sw_lc, "interrupt", fake_interrupt)
+    sw.journal.create_all()
+
+    async def main() -> None:
+        saga = await sw.abegin("lc-r-1")
+        (tool,) = sw_lc.tools(saga, [pay_out])
+        call = {"name": "pay_out", "args": {"card": "4111111111111111", "amount": 5},
+                "id": "p1", "type": "tool_call"}
+        with pytest.raises(Paused):
+            await tool.ainvoke(call)
+
+    asyncio.run(main())
+    assert [p["args"] for p in seen] == [{"card": "[REDACTED]", "amount": 5}]
+    assert "4111111111111111" not in json.dumps(seen)
