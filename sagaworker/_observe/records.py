@@ -5,10 +5,13 @@ values."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._base.canonical import canonical_args
 from .._base.jsonable import plain
 from .._base.types import ApprovalRequest, EntryRecord, Phase, SagaRecord, SagaResult
 from .process import (
@@ -16,6 +19,7 @@ from .process import (
     signature_of,
 )
 from .redact import (
+    REDACTED,
     Signature,
     _scrub_strings,
     redact_call,
@@ -38,6 +42,9 @@ class Redaction:
     #: a flow's signature without its FlowContext (None: its positional arguments are all
     #: redacted, the safe side)
     flow_lookup: Callable[[str], Signature | None] = lambda name: None
+    #: the key of the fingerprints an approver sees of a gated step's redacted arguments
+    #: (the approval secret: every process that shows a gate holds it)
+    fingerprint_key: bytes | None = None
 
     @classmethod
     def of(cls, sw: Any) -> Redaction:
@@ -58,7 +65,10 @@ class Redaction:
                 return None
             return sig.replace(parameters=list(sig.parameters.values())[1:])
 
-        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup)
+        secret = sw.settings.approval_secret
+        key = (secret.get_secret_value().split(",")[0].strip().encode()
+               if secret is not None else None)
+        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup, key or None)
 
     @classmethod
     def current(cls) -> Redaction:
@@ -106,9 +116,17 @@ class Redaction:
                                    report=report)
 
     def approval(self, a: ApprovalRequest) -> ApprovalRequest:
+        """A gate for its approver: each redacted value shown as its last characters and
+        a keyed fingerprint (``[REDACTED …1111 #3fa8c2d1]``), so the approver can tell
+        which card is meant and compare it with what the requester sees, never reading
+        the value (the fingerprint is an HMAC with the approval secret: it cannot be
+        looked up by trying every card number without the secret)."""
         if not self.keys:
             return a
         args, kwargs = redact_call(self.lookup(a.tool_name), a.args, a.kwargs, self.keys)
+        if self.fingerprint_key is not None:
+            args = _marked(a.args, args, self.fingerprint_key)
+            kwargs = _marked(a.kwargs, kwargs, self.fingerprint_key)
         return dataclasses.replace(a, args=args, kwargs=kwargs)
 
     def any(self, o: Any) -> Any:
@@ -124,6 +142,28 @@ class Redaction:
         if isinstance(o, SagaResult) and self.keys:
             return dataclasses.replace(o, value=redact_value(o.value, self.keys))
         return o
+
+
+def fingerprint(value: Any, key: bytes) -> str:
+    """``[REDACTED …1111 #3fa8c2d1]``: a redacted value as an approver sees it."""
+    digest = hmac.new(key, b"redacted|" + canonical_args([value], {}).encode(),
+                      hashlib.sha256).hexdigest()[:8]
+    text = str(value)
+    tail = f"…{text[-4:]} " if len(text) >= 12 else ""  # (a short value: no part of it)
+    return f"[REDACTED {tail}#{digest}]"
+
+
+def _marked(original: Any, shown: Any, key: bytes) -> Any:
+    """``shown`` (redacted) with each ``[REDACTED]`` marked with the fingerprint of the
+    original value in its place."""
+    if shown == REDACTED and original != REDACTED:
+        return fingerprint(original, key)
+    if isinstance(shown, dict) and isinstance(original, dict):
+        return {k: _marked(original.get(k), v, key) for k, v in shown.items()}
+    if isinstance(shown, list) and isinstance(original, list | tuple) and len(shown) == len(
+            original):
+        return [_marked(o, v, key) for o, v in zip(original, shown, strict=True)]
+    return shown
 
 
 def _text(s: str | None, values: list[str]) -> str | None:

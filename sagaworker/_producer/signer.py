@@ -100,9 +100,9 @@ class Signer:
             hmac.new(k, payload.encode(), hashlib.sha256).digest(), signed)), None)
         if key is None:
             raise ApprovalInvalid(
-                f"approval token for saga {saga_id!r} step {seq} was not signed with the "
-                "approval secret this process holds: it was made where "
-                "SAGAWORKER_APPROVAL_SECRET is another (or it is forged); nothing changed. "
+                f"approval token for saga {saga_id!r} step {seq} is not valid: it was "
+                "not signed with the approval secret this process holds (it was made where "
+                "SAGAWORKER_APPROVAL_SECRET is another, or it is forged); nothing changed. "
                 "Use one secret everywhere, and a token from sw.pending_approvals() here")
         if body.get("e", 0) < time.time():
             raise ApprovalInvalid(

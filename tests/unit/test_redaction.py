@@ -397,3 +397,36 @@ def test_a_journal_error_quotes_neither_its_parameters_nor_its_detail(tmp_path: 
     assert brief(err.value) == "OperationalError: no such table: nowhere"
     detailed = ValueError(f"duplicate key\nDETAIL:  Key (card)=({card}) already exists.")
     assert brief(detailed) == "ValueError: duplicate key"
+
+
+def test_an_approver_sees_a_fingerprint_of_each_redacted_argument(tmp_path: Path) -> None:
+    """A gated step's redacted argument shows, to its approver, as its last characters
+    and a fingerprint keyed with the approval secret: the same card, the same mark; another
+    card, another mark; never the value (and nothing at all of a short one)."""
+    import re
+
+    from sagaworker import Redaction, Reversibility
+
+    sw = Sagaworker(Celery("approver", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret="unit-secret-" + "u" * 32, redact="card,pin",
+        broker_folder=str(tmp_path / "b")))
+    sw.rt.bus.publish_step = lambda *a, **k: True  # type: ignore[method-assign]
+
+    @sw.tool(reversibility=Reversibility.IRREVERSIBLE)
+    def pay_out(card: str, amount: int, pin: str = "") -> str:
+        return "paid"
+
+    sw.journal.create_all()
+    for sid, card in (("a-1", "4111111111111111"), ("a-2", "4111111111111111"),
+                      ("a-3", "5500000000000004")):
+        sw.begin(sid).enqueue(pay_out, card, 5, pin="1234")
+    red = Redaction.of(sw)
+    shown = {r.saga_id: red.approval(r) for r in sw.pending_approvals()}
+    marks = {sid: a.args[0] for sid, a in shown.items()}
+    assert re.fullmatch(r"\[REDACTED …1111 #[0-9a-f]{8}\]", marks["a-1"]), marks
+    assert marks["a-1"] == marks["a-2"] != marks["a-3"]
+    assert marks["a-3"].startswith("[REDACTED …0004 #")
+    assert re.fullmatch(r"\[REDACTED #[0-9a-f]{8}\]", shown["a-1"].kwargs["pin"])
+    assert shown["a-1"].args[1] == 5
+    assert "4111111111111111" not in repr(shown) and "1234" not in repr(shown)
