@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,8 +120,6 @@ def test_a_session_joined_to_an_outer_transaction_publishes_after_the_outer_comm
     """A Session joined to the app's outer transaction (SQLAlchemy's test-suite recipe):
     its ``commit()`` releases a savepoint only. An outer rollback sends nothing (the step
     never existed); an outer commit sends the step, its row committed, and it runs."""
-    import threading
-
     monkeypatch.setattr("sagaworker._journal.app_tx.CONFIRM_FOR", 2.0)
     step = crash_cluster.tool("step")
 
@@ -164,6 +163,9 @@ def test_a_long_lived_session_or_connection_keeps_its_listeners_once(
                 crash_cluster.sw.begin(key, connection=conn).enqueue(step, key, "a",
                                                                      connection=conn)
         assert (len(conn.dispatch.commit), len(conn.dispatch.rollback)) == (1, 1)
+    # (a Connection's steps are sent by the confirmer once committed: let it finish)
+    wait_for(lambda: not [t for t in threading.enumerate()
+                          if t.name == "sagaworker-after-commit"], 20, "the confirmer")
 
 
 def test_a_connection_transaction_commits_or_rolls_back_with_the_saga(

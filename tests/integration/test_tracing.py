@@ -280,6 +280,8 @@ def test_beside_celery_instrumentation_one_trace(instrumented: Cluster, producer
     monkeypatch.undo()
     assert step.result(timeout=T) == "relayed-done"
     wait_spans(c, producer_spans, relayed, f"step {STEP}", 1)
+    # (Celery's run span ends after sagaworker's step span: written a moment later)
+    wait_spans(c, producer_spans, relayed, f"run/{STEP}", 1)
     _, trace = saga_trace(c, producer_spans, relayed)
     enq, run = one(trace, f"enqueue {STEP}", 1), one(trace, f"step {STEP}", 1)
     assert run["parent_id"] == enq["span_id"]
