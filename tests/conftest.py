@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,8 +22,58 @@ PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
 #: approval secrets of the test settings (at least 32 bytes, as the settings demand)
 TEST_SECRET = "test-secret-0123456789abcdefghijklmnop"
 UNIT_SECRET = "unit-secret-0123456789abcdefghijklmnop"
-BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
-           "redis": "redis://127.0.0.1:6379/0"}
+#: this test run's own: a RabbitMQ vhost and a Redis database (never the default ones a
+#: developer's own app may use), unless SAGAWORKER_TEST_AMQP_URL/_REDIS_URL name others
+RUN_ID = uuid.uuid4().hex[:8]
+_AMQP = os.environ.get("SAGAWORKER_TEST_AMQP_URL")
+_VHOST = None if _AMQP else f"sw-test-{os.getpid()}-{RUN_ID}"
+BROKERS = {"rabbitmq": _AMQP or f"amqp://guest:guest@127.0.0.1:5672/{_VHOST}",
+           "redis": os.environ.get("SAGAWORKER_TEST_REDIS_URL")
+           or f"redis://127.0.0.1:6379/{1 + int(RUN_ID, 16) % 11}"}
+
+
+def _rabbitmqctl(*args: str) -> bool:
+    try:
+        return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True,
+                              timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _reap_vhosts() -> None:
+    """The vhosts of earlier runs that were killed (their test process is gone)."""
+    if _VHOST is None:
+        return
+    try:
+        names = subprocess.run(["rabbitmqctl", "-q", "list_vhosts"], capture_output=True,
+                               text=True, timeout=60).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for name in names:
+        parts = name.split("-")
+        if name.startswith("sw-test-") and len(parts) == 4 and parts[2].isdigit() \
+                and not os.path.exists(f"/proc/{parts[2]}"):
+            _rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_brokers() -> Iterator[None]:
+    """The run's RabbitMQ vhost, made for it and deleted with it (with every queue a test
+    left: an interrupted run leaks no queue into the default vhost); its Redis database
+    flushed at the end. Without rabbitmqctl here (a remote broker), the default vhost."""
+    _reap_vhosts()
+    made = _VHOST is not None and _rabbitmqctl("add_vhost", _VHOST) and _rabbitmqctl(
+        "set_permissions", "-p", _VHOST, "guest", ".*", ".*", ".*")
+    if _VHOST is not None and not made:
+        BROKERS["rabbitmq"] = "amqp://guest:guest@127.0.0.1:5672//"
+    yield
+    if made:
+        _rabbitmqctl("delete_vhost", str(_VHOST))
+    if "SAGAWORKER_TEST_REDIS_URL" not in os.environ:
+        with contextlib.suppress(Exception):
+            import redis
+
+            redis.Redis.from_url(BROKERS["redis"]).flushdb()
 
 
 def need(service: str, check: Callable[[], Any]) -> None:
@@ -102,6 +153,9 @@ def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str
         "SAGAWORKER_SWEEP_INTERVAL": str(settings.sweep_interval),
         "SAGAWORKER_LOG_FORMAT": "json",
         "SAGAWORKER_METRICS_PORT": str(settings.metrics_port),
+        # the worker ends itself when this test process is gone (killed, interrupted):
+        # no worker of an ended run keeps consuming (tests/apps/cluster.py)
+        "TESTS_PARENT_PID": str(os.getpid()),
     })
     env.update(extra)
     return env

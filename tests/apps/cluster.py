@@ -252,6 +252,32 @@ FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then
          retried_later_flow, raises_its_own)
 
 
+def _end_with_the_test_run() -> None:
+    """In a test worker (its main process): end the worker, children included, once the
+    test process that started it is gone (a killed or interrupted run)."""
+    import signal
+    import threading
+
+    parent = int(os.environ["TESTS_PARENT_PID"])
+
+    def watch() -> None:
+        while True:
+            time.sleep(1)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os.killpg(os.getpgid(0), signal.SIGKILL)  # (a session of its own)
+            except PermissionError:  # (a pid taken by another user's process)
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tests-parent-watch", daemon=True).start()
+
+
+if os.environ.get("TESTS_PARENT_PID") and os.environ.get("TESTS_APP_WORKER") == "1" \
+        and os.getpgid(0) == os.getpid():
+    _end_with_the_test_run()
+
+
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     """The test app: the same tools in the worker and in the test process (the producer)."""
     settings = settings or Settings()
