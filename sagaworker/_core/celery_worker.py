@@ -6,8 +6,10 @@ sweeper's timer."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 from typing import Any, Protocol
 
 from celery import Celery, signals
@@ -16,6 +18,7 @@ from kombu import Exchange, Queue  # type: ignore[attr-defined]
 from .._base.errors import ConfigurationError
 from .._base.registry import Registry
 from .._base.settings import Settings
+from .._journal.readiness import keys_changed
 from .._journal.runtime import Runtime
 from .._observe import process as _process
 from .._observe import redact as _redact
@@ -30,6 +33,8 @@ from .celery_guarantees import guarantee_problems
 __all__ = ["Host", "WorkerStartup"]
 
 log = get_logger()
+#: how often (seconds, at most) a running worker re-reads which keys seal the journal
+KEYS_EVERY = 30.0
 
 
 class Host(Protocol):
@@ -235,8 +240,24 @@ class WorkerStartup:
             log.warning("dead_letter_declare_failed", error=str(exc))
 
     def _sweep_loop(self, interval: float) -> None:
+        checked = time.monotonic()
         while not self._stop.wait(interval):
             try:
                 self.sw.sweeper.sweep()
             except Exception as exc:  # a database blip must not kill the timer
                 log.warning("sweep_failed", error=f"{type(exc).__name__}: {exc}")
+            if time.monotonic() - checked >= min(KEYS_EVERY, 10 * interval):
+                checked = time.monotonic()
+                self._check_keys()
+
+    def _check_keys(self) -> None:
+        """Encryption turned on while this worker runs without the key: it stops (a warm
+        shutdown: nothing new is taken) rather than journal results in clear."""
+        try:
+            problem = keys_changed(self.sw.rt.journal.engine, self.sw.rt.cipher)
+        except Exception:  # a database blip: checked again at the next round
+            return
+        if problem:
+            log.critical("journal_keys_changed", error=problem)
+            self._stop.set()
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -18,7 +18,8 @@ from .._base.crypto import Cipher, is_sealed
 from .._base.errors import ConfigurationError
 from .schema import facts, sagas
 
-__all__ = ["check_journal", "check_keys", "masked", "unreachable"]
+__all__ = ["check_approval_secrets", "check_journal", "check_keys", "keys_changed", "masked",
+           "unreachable"]
 
 VERSION_TABLE = "sagaworker_alembic_version"
 _KEY = "key:"  # a fact naming a key values are sealed with
@@ -156,6 +157,23 @@ def check_keys(engine: Engine, cipher: Cipher | None) -> None:
                     conn.execute(insert(facts).values(name=_KEY + mine[0], value="seals"))
             except IntegrityError:
                 pass  # another process recorded it a moment ago
+
+
+def keys_changed(engine: Engine, cipher: Cipher | None) -> str | None:
+    """What a running process must stop for: the journal names a key (its values are
+    sealed with it now) that this process does not hold. A worker started before
+    encryption was turned on would otherwise go on writing results in clear, or under
+    a key nobody else has. One small read (``check_keys`` does the rest at start)."""
+    mine = set(cipher.fingerprints if cipher is not None else [])
+    with engine.connect() as conn:
+        sealed = {n[len(_KEY):] for n in conn.execute(
+            select(facts.c.name).where(facts.c.name.like(f"{_KEY}%"))).scalars()}
+    if not sealed or sealed & mine:
+        return None
+    return (f"the journal's values are now sealed with a key (fingerprint "
+            f"{', '.join(sorted(sealed))}) this process does not hold: it stops rather than "
+            "write values in clear; restart it with SAGAWORKER_ENCRYPTION_KEYS "
+            "(docs/encryption.md)")
 
 
 def check_approval_secrets(engine: Engine, fingerprints: list[str]) -> None:

@@ -341,3 +341,33 @@ def test_a_journal_sealed_before_keys_were_named_refuses_the_wrong_processes(
     with engine.connect() as conn:
         assert len(conn.execute(select(facts.c.name)).all()) == 1
     engine.dispose()
+
+
+@pytest.mark.services
+def test_a_keyless_worker_stops_when_encryption_is_turned_on(
+        fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A worker started on a clear journal, without keys, is running when a process with
+    SAGAWORKER_ENCRYPTION_KEYS names its key in the journal: the worker logs
+    ``journal_keys_changed`` (critical) and shuts down rather than journal results in
+    clear next to sealed ones."""
+    from sagaworker._journal.migrate import upgrade
+    from tests.conftest import BROKERS, Cluster, _broker, new_settings, wait_for
+
+    need("rabbitmq", _broker(BROKERS["rabbitmq"]))
+    upgrade(fresh_pg_url)
+    tmp = tmp_path_factory.mktemp("keys")
+    c = Cluster(new_settings(fresh_pg_url, BROKERS["rabbitmq"], tmp), tmp, "rabbitmq")
+    try:
+        worker = c.start_worker()
+        keyed = Sagaworker(Celery("keyed", broker="memory://"), settings=Settings(
+            database_url=fresh_pg_url, broker_url="memory://", encryption_keys=KEY_A))
+        keyed.begin("sealed-1", metadata={"card": "4111111111111111"})  # names its key
+        keyed.rt.reset_engine()
+        wait_for(lambda: worker.poll() is not None, 60, "the keyless worker to stop")
+        events = [e for e in c.events() if e.get("event") == "journal_keys_changed"]
+        assert len(events) == 1 and events[0]["level"] == "critical"
+        assert "SAGAWORKER_ENCRYPTION_KEYS" in events[0]["error"]
+    finally:
+        c.stop_workers()
+        c.cleanup_queues()
+        c.sw.rt.reset_engine()
