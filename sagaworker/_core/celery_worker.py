@@ -154,6 +154,12 @@ class WorkerStartup:
     def _on_setup_logging(self, **_: Any) -> None:
         s = self.sw.settings
         configure_logging(fmt=s.log_format, level=s.log_level, redact_keys=s.redact_keys)
+        # Celery redirects stdout and stderr to its logger only when nobody handles this
+        # signal: done here, so a tool's print() goes through the formatter (and its
+        # redaction) instead of straight to the process's output
+        conf = self.app.conf
+        if conf.worker_redirect_stdouts:
+            self.app.log.redirect_stdouts(conf.worker_redirect_stdouts_level)
 
     def _connect_redaction(self, uid: str) -> None:
         """Redaction beyond the log formatter (SAGAWORKER_REDACT, docs/redaction.md):

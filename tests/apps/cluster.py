@@ -491,6 +491,17 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         return "paid"
 
     @sw.tool(compensable_by="undo_pay")
+    def chatty_pay(key: str, card: str) -> str:
+        """A payment that print()s its card, on stdout and stderr (the worker must scrub
+        what Celery redirects from them while the step runs)."""
+        import sys
+
+        print(f"charging card {card}")
+        print(f"card {card} charged", file=sys.stderr)
+        record(key, "effect", "chatty_pay")
+        return "paid"
+
+    @sw.tool(compensable_by="undo_pay")
     def leaky(key: str, card: str, shape: str) -> str:
         """Fails with ``card`` in an exception of the given shape."""
         raise leak(card, shape)

@@ -143,3 +143,15 @@ def test_an_eager_flow_step_logging_its_secret_is_scrubbed(red_cluster: Cluster)
     text = worker_log(c)
     assert f"charging card {REDACTED}" in text
     assert card not in text
+
+
+def test_a_tool_printing_its_secret_is_scrubbed(red_cluster: Cluster) -> None:
+    """A tool that print()s its card (stdout and stderr, which the worker redirects to its
+    log): the lines are there, the card is not."""
+    c = red_cluster
+    key, card = uid("p"), secret()
+    saga = c.sw.begin(key)
+    assert saga.enqueue(c.tool("chatty_pay"), key, card).result(timeout=T) == "paid"
+    wait_for(lambda: "charging card" in worker_log(c) and " charged" in worker_log(c), T,
+             "the printed lines in the worker's log")
+    assert card not in worker_log(c)
