@@ -27,7 +27,7 @@ def test_a_tool_raising_ignore_or_reject_is_failed_once(crash_cluster: Cluster,
     assert saga.wait(timeout=T).status is SagaStatus.COMPENSATED
     # the sweeper relays every 2 s here: a re-sent step would show as a second try
     with pytest.raises(AssertionError, match="timed out"):
-        wait_for(lambda: len([r for r in c.ledger(key) if r.kind == "try"]) > 1, 8,
+        wait_for(lambda: len([r for r in c.ledger(key) if r.kind == "try"]) > 1, 6,
                  "a second try")
     assert [(r.kind, r.tool) for r in c.ledger(key)] == [
         ("effect", "a"), ("try", "b"), ("undo", "a")]

@@ -47,9 +47,9 @@ def test_a_tools_own_retry_without_a_countdown_is_not_resent_early(
     saga = c.sw.begin(key)
     saga.enqueue(c.tool("retries_later"), key, "b", 5, None)
     wait_for(lambda: tries(c, key), 20, "the first try")
-    # the old sweeper resent it after 2x relay_after (4 s here): give it three times that
+    # the old sweeper resent it after 2x relay_after (4 s here): give it twice that
     with pytest.raises(AssertionError, match="timed out"):
-        wait_for(lambda: len(tries(c, key)) > 1, 12, "a second try")
+        wait_for(lambda: len(tries(c, key)) > 1, 8, "a second try")
     assert len(tries(c, key)) == 1
     saga.fail("test over")
     assert saga.wait(timeout=T).status is SagaStatus.COMPENSATED

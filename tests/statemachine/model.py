@@ -252,6 +252,25 @@ class JournalMachine(RuleBasedStateMachine):
             return
         assert not fail_first, "a gate of a saga asked to fail accepted a decision"
 
+    @precondition(lambda self: any(p.saga_id in self.sagas
+                                   for p in self.sw.pending_approvals()))
+    @rule(i=st.integers(0, 5))
+    def approve_then_fail(self, i: int) -> None:
+        """A gate is approved (its step published), then its saga is asked to fail before
+        that message is delivered: the delivery must cancel the step (an IRREVERSIBLE
+        effect never happens for a failing saga), whichever claim path it takes."""
+        mine = [p for p in self.sw.pending_approvals() if p.saga_id in self.sagas]
+        req = self.pick(i, mine)
+        try:
+            self.sw.approve(req.token, approver="alice")
+        except ApprovalInvalid:
+            assert req.saga_id in self.world.overdue, "an open gate refused its approval"
+            return
+        self.producer_fails(self.sagas.index(req.saga_id))
+        for msg in [m for m in self.bus.messages if m[:3] == ("step", req.saga_id, req.seq)]:
+            self.bus.messages.remove(msg)
+            self._claim(msg[1], msg[2], msg[3])
+
     @precondition(lambda self: self.world.deadlines - self.world.overdue)
     @rule(i=st.integers(0, 3))
     def the_deadline_passes(self, i: int) -> None:
