@@ -223,7 +223,12 @@ class Cluster:
         return rows(self.settings.database_url, key)
 
     def cleanup_queues(self) -> None:
+        """At teardown: the cluster's queues deleted, and the producer's pooled journal
+        connections closed (a session's clusters would otherwise keep more connections
+        idle than PostgreSQL's default 100 allows)."""
         from kombu import Connection
+
+        self.sw.rt.reset_engine()
 
         names = [self.default_queue, self.settings.queue]
         try:
