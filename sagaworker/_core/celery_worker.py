@@ -252,7 +252,7 @@ class WorkerStartup:
                 self.sw.sweeper.sweep()
             except Exception as exc:  # a database blip must not kill the timer
                 log.warning("sweep_failed", error=f"{type(exc).__name__}: {exc}")
-            if time.monotonic() - checked >= min(KEYS_EVERY, 10 * interval):
+            if time.monotonic() - checked >= min(KEYS_EVERY, 5 * interval):
                 checked = time.monotonic()
                 self._check_keys()
 

@@ -11,6 +11,7 @@ from pydantic import SecretStr
 
 from sagaworker import FlowContext, Reversibility, SagaStatus, Sagaworker, Settings
 from sagaworker._journal.dialect import db_later
+from tests.conftest import TEST_SECRET
 
 MAX_RERUNS = 1  # one re-run of an idempotent step whose attempt was lost
 #: the model's clock: the sweeper sees a row as old only once ``lapse`` moved it back by
@@ -78,7 +79,7 @@ def build(url: str) -> Sagaworker:
     app = Celery("model", broker="memory://")
     sw = Sagaworker(app, settings=Settings(
         database_url=url, broker_url="memory://",
-        approval_secret=SecretStr("model-secret-" + "x" * 32), max_reruns=MAX_RERUNS,
+        approval_secret=SecretStr(TEST_SECRET), max_reruns=MAX_RERUNS,
         compensation_retries=RETRIES, relay_after=300,
         redeliver_after=600))
 
