@@ -81,12 +81,12 @@ def test_close_after_collect_is_a_connection_error_and_loses_nothing(queue: Queu
 
 
 def test_redis_brokers_get_the_transport_unless_one_is_set() -> None:
-    sw = Sagaworker(Celery("t", broker="redis://127.0.0.1:6379/0"), database_url="sqlite://")
+    sw = Sagaworker(Celery("t", broker=BROKERS["redis"]), database_url="sqlite://")
     assert sw.app.conf.broker_transport == REDIS_TRANSPORT
-    own = Celery("t", broker="redis://127.0.0.1:6379/0")
+    own = Celery("t", broker=BROKERS["redis"])
     own.conf.broker_transport = "redis"
     assert Sagaworker(own, database_url="sqlite://").app.conf.broker_transport == "redis"
-    amqp = Sagaworker(Celery("t", broker="amqp://guest@127.0.0.1//"),
+    amqp = Sagaworker(Celery("t", broker=BROKERS["rabbitmq"]),
                       database_url="sqlite://")
     assert amqp.app.conf.broker_transport is None
     tls = Sagaworker(Celery("t", broker="rediss://127.0.0.1:6380/0"), database_url="sqlite://")
