@@ -25,6 +25,7 @@ real compensation runner); gated steps are approved automatically.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import secrets
 import shutil
@@ -38,18 +39,20 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 from sqlalchemy import update
 
+from ._base.patches import patch_id
 from ._base.types import ENVELOPE, SagaResult, SagaStatus
 from ._journal.dialect import db_later, make_engine
 from ._journal.repository import Journal
 from ._journal.schema import entries
 from ._recovery.compensation import current_compensation
-from ._worker.replay import replay
+from ._worker.check import diverged_error, new_names
+from ._worker.replay import replay as _replay
 
 if TYPE_CHECKING:
     from ._core.sagaworker import Sagaworker
 
 __all__ = ["CompensationCase", "InjectedFailure", "check_compensation", "harness",
-           "replay_problem"]
+           "replay", "replay_problem"]
 
 
 class InjectedFailure(Exception):
@@ -166,6 +169,7 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
         return (real_advance or sw.flows.advance)(saga_id, **options)
 
     sw.executor.advance = advance
+    stack.enter_context(_divergence_fails(sw))
     try:
         yield plan
     finally:
@@ -178,6 +182,20 @@ def harness(sw: Sagaworker) -> Iterator[_Plan]:
         stack.close()
         engine.dispose()
         shutil.rmtree(folder, ignore_errors=True)  # one throwaway journal per call, not kept
+
+
+@contextlib.contextmanager
+def _divergence_fails(sw: Sagaworker) -> Iterator[None]:
+    """A divergence in the harness is the flow's own fault (its replays found it): the
+    saga fails, and the check says why, instead of waiting, held, for a deploy."""
+    saved = dict(sw.flows.specs)
+    sw.flows.specs.update({n: dataclasses.replace(f, on_divergence="compensate")
+                           for n, f in saved.items()})
+    try:
+        yield
+    finally:
+        sw.flows.specs.clear()
+        sw.flows.specs.update(saved)
 
 
 def _spy_tool(plan: _Plan, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -204,6 +222,33 @@ def _spy_undo(plan: _Plan, name: str, fn: Callable[..., Any],
     return spy
 
 
+def replay(sw: Sagaworker, saga_id: str) -> None:
+    """Replay one flow saga of ``sw``'s journal with the flows ``sw`` registered (the code
+    under test), writing nothing, as a worker on that code would: returns if the code
+    carries the saga on; raises ``sagaworker.FlowDiverged`` (``.seq``, ``.journaled``,
+    ``.asked``) if it diverges from the journal, the flow's own exception if it raises,
+    ``SagaNotFound``/``ConfigurationError`` for a saga that is missing or not a flow of
+    this code. ``sagaworker flows check`` does this for every saga in flight."""
+    from ._base.errors import ConfigurationError, SagaNotFound
+
+    saga, rows = sw.journal.saga_and_entries(saga_id)
+    if saga is None:
+        raise SagaNotFound(f"no saga {saga_id!r} in the journal")
+    spec = sw.flows.specs.get(saga.flow) if saga.flow is not None else None
+    if spec is None:
+        raise ConfigurationError(
+            f"saga {saga_id!r} is not a flow of this code (its flow: {saga.flow!r}); import "
+            "the module that declares it before replaying")
+    from ._worker.check import check_one
+
+    found = check_one(sw, saga, rows)
+    if found is not None and found.kind == "diverged":
+        raise diverged_error(found)
+    run = _replay(sw.rt, sw.producer, spec, saga, rows)
+    if run.kind == "raised" and run.error is not None and not run.ctx.from_journal(run.error):
+        raise run.error
+
+
 def replay_problem(sw: Sagaworker, saga_id: str) -> str | None:
     """Replay a flow saga against its journal, twice, writing nothing; what is wrong, or
     None. Wrong: a replay diverges (another tool or other arguments than the journal holds
@@ -218,13 +263,13 @@ def replay_problem(sw: Sagaworker, saga_id: str) -> str | None:
     rows = sw.journal.saga_and_entries(saga_id)[1]
     seen: list[Any] = []
     for _ in range(2):
-        run = replay(sw.rt, sw.producer, spec, saga, rows)
+        run = _replay(sw.rt, sw.producer, spec, saga, rows)
         if run.kind == "diverged":
             return run.detail
         got: Any = ((run.kind, run.value) if run.kind == "returned" else
                     ("raised", type(run.error).__name__) if run.kind == "raised" else
                     ("waits",))
-        asked = ", ".join(f"{sw.producer.resolve(t).name}{_call(a, k)}"
+        asked = ", ".join(f"{new_names(sw, [(t, a, k)])}{_call(a, k)}"
                           for t, a, k in run.ctx.new)
         seen.append((asked or "no new step", got))
     if seen[0] != seen[1]:
@@ -277,7 +322,8 @@ def check_compensation(sw: Sagaworker, work: Callable[..., Any] | str, /, *args:
         dry = run(f"harness-dry-{uuid.uuid4().hex[:8]}")
         _assert_replays(sw, plan, dry.saga_id, "the run with no failure")
         assert dry.status is SagaStatus.COMPLETED, f"the work did not complete: {dry.error}"
-        steps = sw.inspect(dry.saga_id).entries
+        # the tool steps (a flow's patch markers run nothing: never failed, never undone)
+        steps = [e for e in sw.inspect(dry.saga_id).entries if patch_id(e.tool_name) is None]
         for mode in ([False, True] if crash else [False]):
             for k, entry in enumerate(steps, start=1):
                 plan.calls.clear()
@@ -329,8 +375,9 @@ def _assert_case(sw: Sagaworker, case: CompensationCase, steps: list[Any],
     assert case.undos_run == expected_undos, (
         f"{where}: undos ran {case.undos_run}, expected {expected_undos} (strict reverse)")
     outcome_seqs = [o.seq for o in case.result.report.outcomes]
-    assert outcome_seqs == list(range(case.seq - 1, 0, -1)), (
+    assert outcome_seqs == [e.seq for e in reversed(steps[: case.seq - 1])], (
         f"{where}: outcomes for steps {outcome_seqs}")
     if case.crashed:
         doubted = [e.seq for e in case.result.report.in_doubt]
-        assert doubted == [case.seq], f"{where}: in doubt {doubted}, expected [{case.seq}]"
+        lost = steps[case.seq - 1].seq
+        assert doubted == [lost], f"{where}: in doubt {doubted}, expected [{lost}]"

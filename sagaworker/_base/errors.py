@@ -39,6 +39,21 @@ class ApprovalRejected(ToolFailed):
     """An approver rejected the gated step; its saga compensates."""
 
 
+class FlowDiverged(SagaworkerError):
+    """A flow's replay asked, at step ``seq``, for something else than its journal holds
+    there (``journaled``: the journal's step; ``asked``: what the code asked for, or what
+    it did instead). Raised by ``sagaworker.testing.replay``; a worker holds the saga."""
+
+    def __init__(self, message: str, *, saga_id: str = "", flow: str = "", seq: int = 0,
+                 journaled: str = "", asked: str = "") -> None:
+        super().__init__(message)
+        self.saga_id = saga_id
+        self.flow = flow
+        self.seq = seq
+        self.journaled = journaled
+        self.asked = asked
+
+
 class SagaExists(SagaworkerError):
     """A saga with this id was already begun; pick a new id or use ``sw.get(id)``."""
 

@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     max_reruns: int = Field(default=3, ge=0)
     #: seconds before an undriven RUNNING saga of the asynchronous form is reported
     idle_after: float = Field(default=3600, gt=0)
+    #: seconds between the sweeper's replays of a flow held on a divergence
+    diverged_retry: float = Field(default=600, gt=0)
     redact: str = ""
     #: comma-separated Fernet keys: the journal's arguments, results and metadata are
     #: encrypted with the first, decrypted with any (docs/encryption.md); None: clear

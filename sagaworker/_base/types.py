@@ -160,6 +160,8 @@ class SagaRecord:
     deadline_at: datetime | None = None
     flow_args: list[Any] | None = None
     flow_kwargs: dict[str, Any] | None = None
+    #: a flow held because its replay diverged from the journal (held): what it found
+    diverged: str | None = None
 
 
 @dataclass(frozen=True)

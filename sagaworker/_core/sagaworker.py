@@ -193,15 +193,15 @@ class Sagaworker(AsyncTwins):
     @overload
     def flow(self, fn: F, /) -> F: ...
     @overload
-    def flow(self, fn: None = None, /, *, name: str | None = None) -> Callable[[F], F]: ...
+    def flow(self, fn: None = None, /, *, name: str | None = None,
+             on_divergence: str = "hold") -> Callable[[F], F]: ...
 
-    def flow(self, fn: F | None = None, /, *, name: str | None = None
-             ) -> F | Callable[[F], F]:
+    def flow(self, fn: F | None = None, /, *, name: str | None = None,
+             on_divergence: str = "hold") -> F | Callable[[F], F]:
         """Register a module-level flow function; returns it unchanged (``@sw.flow`` and
-        ``@sw.flow()`` alike)."""
+        ``@sw.flow()`` alike). A diverged replay holds its saga ("compensate": fails it)."""
         def decorate(f: F) -> F:
-            return self.flows.add(f, name).fn  # type: ignore[return-value]
-
+            return self.flows.add(f, name, on_divergence).fn  # type: ignore[return-value]
         return decorate if fn is None else decorate(fn)
 
     def start(self, saga_id: str, flow: Callable[..., Any], /, *args: Any,

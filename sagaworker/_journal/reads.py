@@ -54,6 +54,8 @@ class NewEntry:
     trace_context: str | None = None  # its enqueue span's (tracing), journaled with it
     #: not published: the worker that journaled it runs it itself (an eager flow step)
     held: bool = False
+    #: a flow's patch marker (``FlowContext.patched``): journaled EXECUTED, undo SKIPPED, no message
+    marker: bool = False
     claim: Claiming | None = field(default=None, compare=False, hash=False)
 
 

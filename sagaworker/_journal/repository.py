@@ -28,8 +28,10 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from .._base.canonical import storable
 from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
+from .._base.patches import MARKER_DETAIL
 from .._base.types import (
     OPEN_VALUES,
+    OutcomeResult,
     Phase,
     SagaStatus,
 )
@@ -240,7 +242,7 @@ class Journal(JournalReads):
         """
         gated = any(e.gated for e in new)
         if (len(new) == 1 and new[0].call_id is None and tx is None
-                and _pgfast.enabled(self.engine)):
+                and not new[0].marker and _pgfast.enabled(self.engine)):
             seq = self._intent_fast(saga_id, new[0], expect_seq, seen)
             return [] if seq is None else [seq]
 
@@ -275,6 +277,11 @@ class Journal(JournalReads):
                 conn.execute(update(entries).where(entries.c.saga_id == saga_id,
                                                    entries.c.seq.in_(gates))
                              .values(approval_requested_at=entries.c.created_at))
+            markers = [first + i for i, e in enumerate(new) if e.marker]
+            if markers:
+                conn.execute(update(entries).where(entries.c.saga_id == saga_id,
+                                                   entries.c.seq.in_(markers))
+                             .values(executed_at=entries.c.created_at))
             return [first + i for i in range(len(new))]
 
         if tx is not None:
@@ -357,11 +364,15 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, traced: bool) -> dict[str
     """An entry's row; its trace context only when the batch has one (else no column)."""
     values = {
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
-        "phase": (Phase.AWAITING_APPROVAL if e.gated else Phase.INTENT).value,
+        "phase": (Phase.EXECUTED if e.marker else Phase.AWAITING_APPROVAL if e.gated
+                  else Phase.INTENT).value,
         "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
         "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
-        "call_id": e.call_id}
+        "call_id": e.call_id,
+        # a patch marker: nothing to run, nothing to undo (no chain claims it)
+        "compensation": OutcomeResult.SKIPPED.value if e.marker else None,
+        "compensation_detail": MARKER_DETAIL if e.marker else None}
     if traced:
         values["trace_context"] = e.trace_context
     return values

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from .._base.patches import patch_id
 from .._base.types import (
     CompensationReport,
     EntryRecord,
@@ -53,12 +54,14 @@ def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
         report=report_of(rows, recs), flow=saga.flow, deadline_at=aware(saga.deadline_at),
         flow_args=None if saga.flow is None else list(saga.flow_args or []),
         flow_kwargs=None if saga.flow is None else dict(saga.flow_kwargs or {}),
+        diverged=getattr(saga, "divergence", None),
     )
 
 
 def report_of(rows: Sequence[Any], recs: Sequence[EntryRecord]) -> CompensationReport:
     done = sorted(((r.comp_order or 0, rec) for r, rec in zip(rows, recs, strict=True)
-                   if rec.compensation is not None), key=lambda p: p[0])
+                   if rec.compensation is not None and patch_id(rec.tool_name) is None),
+                  key=lambda p: p[0])  # (a patch marker has nothing undone: not listed)
     return CompensationReport(
         outcomes=[Outcome(seq=rec.seq, tool_name=rec.tool_name, result=rec.compensation,
                           detail=rec.compensation_detail, attempts=rec.compensation_attempts)

@@ -83,6 +83,11 @@ sagas = Table(
     # the W3C trace context of the saga's start span (OpenTelemetry, when configured):
     # the parent of its undos' and its flow's advance spans, in whichever process
     Column("trace_context", Text),
+    # a flow held because its replay diverged from the journal: what the replay found
+    # (logged again only when that changes), and when a replay last found it (the
+    # sweeper replays a held flow again every SAGAWORKER_DIVERGED_RETRY seconds)
+    Column("divergence", Text),
+    Column("diverged_at", _ts),
     Index("ix_sagaworker_sagas_status_finished", "status", "finished_at"),
     Index("ix_sagaworker_sagas_created", "created_at"),
     Index("ix_sagaworker_sagas_deadline", "deadline_at"),

@@ -17,6 +17,7 @@ from .._base.canonical import (
     storable,
 )
 from .._base.errors import BadInput, SagaworkerError
+from .._base.patches import PatchMarker, patch_id
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
 from .._journal.app_tx import AppTx
@@ -50,6 +51,10 @@ class Producer:
         return spec
 
     def prepare(self, tool: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> NewEntry:
+        if isinstance(tool, PatchMarker):  # a flow's patch marker: no tool, no message
+            return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
+                            args_digest=args_digest([], {}), queue=None,
+                            task_id=str(uuid.uuid4()), gated=False, marker=True)
         spec = self.resolve(tool)
         if ENVELOPE in kwargs:
             raise BadInput(f"{ENVELOPE!r} is a reserved keyword; rename the argument")
@@ -86,7 +91,7 @@ class Producer:
         if hold is not None:  # (claimed by the statement that journals it, where it can)
             new = [dataclasses.replace(e, held=True, claim=Claiming(
                 new_token(), worker_label(), self.rt.settings.lease_seconds))
-                if hold(e) else e for e in new]
+                if not e.marker and hold(e) else e for e in new]
         spans = tracing.enqueue_spans(saga_id, [e.tool_name for e in new], parent)
         if spans is None:
             return self._journal(saga_id, new, expect_seq, seen, tx, None)
@@ -167,6 +172,9 @@ class Producer:
 
     def _announce(self, saga_id: str, seq: int, e: NewEntry) -> None:
         """A journaled step's log lines, and its publish unless it waits at a gate."""
+        if e.marker:
+            log.info("flow_patch_marked", saga_id=saga_id, seq=seq, patch=patch_id(e.tool_name))
+            return
         log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                  task_id=e.task_id, **({"call_id": e.call_id} if e.call_id else {}),
                  **({"eager": True} if e.held else {}),

@@ -62,7 +62,8 @@ class Sweeper:
         counts = _each_stage({
             "deadlines": self._deadlines, "failures": self._failures,
             "chains": self._chains, "relayed": self._relay, "retries": self._retries,
-            "in_doubt": self._in_doubt, "flows": self._flows, "idle": self._idle})
+            "in_doubt": self._in_doubt, "flows": self._flows, "diverged": self._diverged,
+            "idle": self._idle})
         if any(counts.values()):
             log.info("sweep", **counts)
         return counts
@@ -133,6 +134,7 @@ class Sweeper:
                            entries.c.phase.not_in(_PENDING)).scalar_subquery())
         rows = self.resends.sagas(and_(sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
                                 sagas.c.fail_requested_at.is_(None),
+                                sagas.c.divergence.is_(None),  # (held: _diverged's)
                                 sagas.c.updated_at < quiet,
                                 or_(sagas.c.advanced_seen.is_(None),
                                     outcomes > sagas.c.advanced_seen)))
@@ -142,6 +144,29 @@ class Sweeper:
             with tracing.within(r.trace_context):
                 self.rt.bus.send_advance(r.saga_id)
         return len(rows)
+
+    def _diverged(self) -> int:
+        """Flows held on a divergence, replayed again at most every
+        SAGAWORKER_DIVERGED_RETRY seconds: after a rollback or a fixed deploy they move on
+        with nobody running ``flows resume``. Each is taken by a compare-and-set on its
+        time, so two sweepers send one advance."""
+        rows = self.rt.journal.stale(
+            select(sagas.c.saga_id, sagas.c.diverged_at, sagas.c.trace_context).where(
+                sagas.c.flow.is_not(None), sagas.c.status.in_(_OPEN),
+                sagas.c.fail_requested_at.is_(None), sagas.c.divergence.is_not(None),
+                sagas.c.diverged_at < self.resends.ago(self.rt.settings.diverged_retry))
+            .limit(_BATCH))
+        n = 0
+        for r in rows:
+            with self.rt.journal.engine.begin() as conn:
+                got = conn.execute(update(sagas).where(
+                    sagas.c.saga_id == r.saga_id, sagas.c.diverged_at == r.diverged_at)
+                    .values(diverged_at=db_now())).rowcount
+            if got:
+                n += 1
+                with tracing.within(r.trace_context):
+                    self.rt.bus.send_advance(r.saga_id)
+        return n
 
     def _idle(self) -> int:
         """Asynchronous sagas nobody drives: RUNNING, no step in flight, no write for

@@ -27,8 +27,10 @@ from .._base.errors import (
     ConfigurationError,
     SagaworkerError,
 )
+from .._base.patches import PatchMarker
 from .._base.types import OPEN, Phase, SagaStatus
 from .._journal.app_tx import AppTx
+from .._journal.divergence import held, release
 from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
 from .._observe import tracing
@@ -38,10 +40,13 @@ from .._producer.producer import Hold, Producer
 from .._producer.saga import saga_secrets
 from .replay import FlowContext, FlowHandle, FlowSpec, Replay, replay
 
-__all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name"]
+__all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name", "unknown_flow"]
 
 log = get_logger()
 _RESERVED = ("metadata", "deadline")
+_ON_DIVERGENCE = ("hold", "compensate")
+#: replays in one advance that journal only patch markers (each is one more position)
+_MARKER_ROUNDS = 100
 _PENDING = (Phase.INTENT, Phase.AWAITING_APPROVAL)  # a step without an outcome yet
 #: the status of an advance's span when the replay fails its saga
 _TRACED_ERRORS = {"diverged": "the flow diverged from its journal",
@@ -68,6 +73,14 @@ def flow_name(fn: Callable[..., Any], name: str | None) -> str:
     return name or f"{fn.__module__}.{qual}"
 
 
+def unknown_flow(name: str) -> str:
+    """What a worker that does not know a flow says: where the flow lives, how to fix."""
+    module = name.rsplit(".", 1)[0] if "." in name else "its module"
+    return (f"this worker does not know flow {name!r}; import {module} from the worker's -A "
+            "module (or list it in Celery's include=) so every worker registers it; the "
+            "sweeper sends the advance again")
+
+
 class Flows:
     """The registry of flows and the replay that advances them."""
 
@@ -76,8 +89,13 @@ class Flows:
         self.producer = producer
         self.specs: dict[str, FlowSpec] = {}
 
-    def add(self, fn: Callable[..., Any], name: str | None) -> FlowSpec:
-        spec = FlowSpec(flow_name(fn, name), fn)
+    def add(self, fn: Callable[..., Any], name: str | None,
+            on_divergence: str = "hold") -> FlowSpec:
+        if on_divergence not in _ON_DIVERGENCE:
+            raise ConfigurationError(
+                f"on_divergence={on_divergence!r}: give 'hold' (the default: a diverged saga "
+                "waits for a fixed deploy and `sagaworker flows resume`) or 'compensate'")
+        spec = FlowSpec(flow_name(fn, name), fn, on_divergence)
         known = self.specs.get(spec.name)
         if known is not None and known.fn is not fn:
             raise ConfigurationError(f"two flows are named {spec.name!r}; pass name=... to one")
@@ -150,7 +168,8 @@ class Flows:
         with structlog.contextvars.bound_contextvars(saga_id=saga_id):
             return self._advance(saga_id, hold)
 
-    def _advance(self, saga_id: str, hold: Hold | None) -> list[tuple[int, NewEntry]]:
+    def _advance(self, saga_id: str, hold: Hold | None,
+                 rounds: int = 0) -> list[tuple[int, NewEntry]]:
         j = self.rt.journal
         saga, rows = j.saga_and_entries(saga_id)
         if saga is None or saga.flow is None:
@@ -159,8 +178,7 @@ class Flows:
             return []  # failures end the flow: compensation runs, the flow is not advanced
         spec = self.specs.get(saga.flow)
         if spec is None:
-            log.error("flow_unknown", flow=saga.flow,
-                      detail="this worker does not know the flow; the sweeper sends it again")
+            log.error("flow_unknown", flow=saga.flow, detail=unknown_flow(saga.flow))
             return []
         # traced: a child of the saga's start span, whichever message or worker advanced it
         with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
@@ -169,7 +187,14 @@ class Flows:
             # (no text of the flow's in the status: its reason may quote a secret)
             s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not run.ctx.from_journal(
                 run.error) else None)
-            return self._move(spec, saga, rows, run, hold) or []
+            if saga.divergence is not None and run.kind != "diverged" and release(j, saga_id):
+                log.info("flow_divergence_resolved", flow=spec.name,
+                         detail="the flow replays its journal again; it moves on")
+            kept = self._move(spec, saga, rows, run, hold) or []
+        if (run.kind == "waits" and run.ctx.new and not kept and rounds < _MARKER_ROUNDS
+                and all(isinstance(t, PatchMarker) for t, _, _ in run.ctx.new)):
+            return self._advance(saga_id, hold, rounds + 1)  # only markers: nothing awaited
+        return kept
 
     def _move(self, spec: FlowSpec, saga: Any, rows: list[Any], run: Replay,
               hold: Hold | None = None) -> list[tuple[int, NewEntry]] | None:
@@ -186,7 +211,19 @@ class Flows:
             j.mark_advanced(saga_id, seen)
             return None
         if run.kind == "diverged":
-            self._fail(saga_id, self._scrubbed(spec, saga, run.detail), event="flow_diverged")
+            detail = self._scrubbed(spec, saga, run.detail)
+            if spec.on_divergence == "compensate":
+                self._fail(saga_id, detail, event="flow_diverged")
+                return None
+            # held: nothing journaled, nothing run, nothing undone; logged once
+            # per divergence; the sweeper replays it again on SAGAWORKER_DIVERGED_RETRY
+            if held(j, saga_id, detail):
+                log.error("flow_diverged", flow=spec.name, seq=run.divergence_seq,
+                          detail=detail, held=True,
+                          resolve=f"deploy code that replays the journal (a rollback, or "
+                                  f"s.patched(...)), then `sagaworker flows resume {saga_id}`;"
+                                  f" or `sagaworker abort {saga_id} --reason R` to compensate")
+            j.mark_advanced(saga_id, seen)
             return None
         if run.kind == "raised":
             exc = run.error

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._base.canonical import args_digest
 from .._base.errors import ApprovalRejected, ToolFailed
+from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
 from .._journal.runtime import Runtime
 from .._observe.redact import redact_call
@@ -26,6 +27,8 @@ __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "replay"]
 class FlowSpec:
     name: str
     fn: Callable[..., Any]
+    #: what a diverged replay does: "hold" the saga (the default) or "compensate" it
+    on_divergence: str = "hold"
 
 
 class _Suspend(BaseException):
@@ -33,9 +36,12 @@ class _Suspend(BaseException):
 
 
 class _Diverged(BaseException):
-    def __init__(self, detail: str) -> None:
+    """The replay left its journal at step ``seq``: the journal holds ``journaled`` there,
+    the code ``asked`` for something else (or did something else: ``detail`` says)."""
+
+    def __init__(self, seq: int, journaled: str, asked: str, detail: str) -> None:
         super().__init__(detail)
-        self.detail = detail
+        self.seq, self.journaled, self.asked, self.detail = seq, journaled, asked, detail
 
 
 @dataclass
@@ -59,6 +65,7 @@ class FlowContext:
         self.new: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         #: failures raised from the journal (their step's move failed the saga already)
         self.journaled_failures: list[ToolFailed] = []
+        self._patches: set[str] = set()
 
     def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
         """The step's journaled result (its saga waits, with no thread, until there is one)."""
@@ -76,14 +83,55 @@ class FlowContext:
             except (TypeError, ValueError):
                 digest = "(not JSON)"
             if row.tool_name != spec.name or row.args_digest != digest:
-                rt = self._producer.rt
-                raise _Diverged(
-                    f"flow diverged at step {row.seq}: the journal holds {row.tool_name}"
-                    f"{_show(rt, row.tool_name, row.args, row.kwargs)}, the replay asked for "
-                    f"{spec.name}{_show(rt, spec.name, list(args), kwargs)}")
+                asked = f"{spec.name}{_show(self._producer.rt, spec.name, list(args), kwargs)}"
+                raise self._diverged(row, asked, f"asked for {asked}")
         else:
             self.new.append((tool, args, kwargs))
         return FlowHandle(pos)
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this saga takes the code path of change ``change_id``: True where it
+        reaches this point under code that has it (a marker is journaled here, the first
+        time) or its journal holds the marker here; False where its journal, written
+        before the change, holds the older code's step here."""
+        marker = self._patch(change_id)
+        pos = self._cursor
+        if pos < len(self._journal):
+            if patch_id(self._journal[pos].tool_name) != change_id:
+                return False  # the position holds what older code journaled
+            self._cursor += 1
+            return True
+        self._cursor += 1
+        self.new.append((marker, (), {}))
+        return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """Change ``change_id`` is in every saga's code path now: a marker journaled here
+        by ``patched`` is accepted, none is journaled (the old branch can go)."""
+        self._patch(change_id)
+        pos = self._cursor
+        if pos < len(self._journal) and patch_id(self._journal[pos].tool_name) == change_id:
+            self._cursor += 1
+
+    def _patch(self, change_id: str) -> PatchMarker:
+        marker = PatchMarker(change_id)  # (a change id that cannot be journaled: BadInput)
+        if change_id in self._patches:
+            row = self._journal[self._cursor] if self._cursor < len(self._journal) else None
+            raise _Diverged(
+                row.seq if row is not None else self._cursor + 1,
+                _describe(self._producer.rt, row) if row is not None else "nothing",
+                f"patch {change_id!r} again",
+                f"flow diverged at step {row.seq if row is not None else self._cursor + 1}: "
+                f"the replay asked for patch {change_id!r} twice (one patch id marks one "
+                "change: give each s.patched(...) its own id)")
+        self._patches.add(change_id)
+        return marker
+
+    def _diverged(self, row: Any, asked: str, did: str) -> _Diverged:
+        held = _describe(self._producer.rt, row)
+        return _Diverged(row.seq, held, asked,
+                         f"flow diverged at step {row.seq}: the journal holds {held}, the "
+                         f"replay {did}")
 
     def gather(self, *handles: FlowHandle) -> list[Any]:
         """The results of the handles' steps, in the order of the handles."""
@@ -121,6 +169,14 @@ class FlowContext:
         return self._cursor
 
 
+def _describe(rt: Runtime, row: Any) -> str:
+    """A journal entry as a divergence names it: its tool and arguments, or its patch."""
+    change = patch_id(row.tool_name)
+    if change is not None:
+        return f"patch marker {change!r}"
+    return f"{row.tool_name}{_show(rt, row.tool_name, row.args, row.kwargs)}"
+
+
 def _show(rt: Runtime, tool: str, args: Any, kwargs: Any) -> str:
     """A call as people read it in a reason or a log line: redacted (SAGAWORKER_REDACT)."""
     spec = rt.registry.tool(tool)
@@ -142,6 +198,11 @@ class Replay:
     value: Any = None
     error: BaseException | None = None
     detail: str = ""
+    divergence: _Diverged | None = None
+
+    @property
+    def divergence_seq(self) -> int | None:
+        return None if self.divergence is None else self.divergence.seq
 
 
 def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
@@ -156,20 +217,18 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
     except _Suspend:
         return Replay(ctx, "waits")
     except _Diverged as exc:
-        return Replay(ctx, "diverged", detail=exc.detail)
+        return Replay(ctx, "diverged", detail=exc.detail, divergence=exc)
     except Exception as exc:
         if not ctx.from_journal(exc) and not ctx.new and ctx.consumed < len(rows):
-            return Replay(ctx, "diverged", error=exc,
-                          detail=_unasked(rt, rows[ctx.consumed],
-                                          f"raised {type(exc).__name__}"))
+            what = f"raised {type(exc).__name__}"
+            return Replay(ctx, "diverged", error=exc, **_unasked(ctx, rows[ctx.consumed], what))
         return Replay(ctx, "raised", error=exc)
     if not ctx.new and ctx.consumed < len(rows):
         return Replay(ctx, "diverged", value=value,
-                      detail=_unasked(rt, rows[ctx.consumed], "returned"))
+                      **_unasked(ctx, rows[ctx.consumed], "returned"))
     return Replay(ctx, "waits" if ctx.new else "returned", value=value)
 
 
-def _unasked(rt: Runtime, row: Any, what: str) -> str:
-    return (f"flow diverged at step {row.seq}: the journal holds {row.tool_name}"
-            f"{_show(rt, row.tool_name, row.args, row.kwargs)}, the replay {what} before "
-            "asking for it")
+def _unasked(ctx: FlowContext, row: Any, what: str) -> dict[str, Any]:
+    exc = ctx._diverged(row, f"nothing: the flow {what}", f"{what} before asking for it")
+    return {"detail": exc.detail, "divergence": exc}

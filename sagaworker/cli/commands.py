@@ -14,6 +14,7 @@ from .._base.types import SagaStatus
 from .._observe.records import Redaction
 from .._observe.visible import visible
 from .context import OWN_LOGGING, Ctx, Group, app_name, log_lines, pass_ctx, use_database
+from .flows import flows
 from .render import approval_line, console, redacted, render_saga, render_sagas, saga_json, to_json
 
 __all__ = ["main"]
@@ -314,6 +315,8 @@ def web(c: Ctx, host: str, port: int) -> None:
     click.echo(f"dashboard of {app_name(c.app)} on http://{host}:{port}/", err=True)
     app.run(host=host, port=port, threaded=True)
 
+
+main.add_command(flows)
 
 if __name__ == "__main__":
     main()

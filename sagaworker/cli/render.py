@@ -145,6 +145,13 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
     call = flow_call(rec)
     if call is not None:
         console.print(f"flow: {visible(call)}", markup=False)
+    if rec.diverged:
+        console.print(f"[bold red]diverged[/] (held: nothing runs, nothing is undone): "
+                      f"{_cell(rec.diverged)}")
+        console.print(f"  resolve: deploy code that replays its journal (a rollback, or "
+                      f"s.patched(...)), then `sagaworker flows resume {rec.saga_id}`; or "
+                      f"`sagaworker abort {rec.saga_id} --reason R` to compensate it",
+                      markup=False)
     step = waiting_step(rec)
     if step is not None:
         what = ("an approval" if step.phase is Phase.AWAITING_APPROVAL
@@ -194,7 +201,8 @@ def render_sagas(recs: list[SagaRecord], redaction: Redaction | None = None,
     for r in recs:
         c = _STATUS.get(r.status, "")
         rows.append((r.created_at, r.saga_id, (
-            _cell(r.saga_id), f"[{c}]{r.status.value}[/]", str(len(r.entries)),
+            _cell(r.saga_id), f"[{c}]{r.status.value}[/]"
+            + (" [bold red](diverged)[/]" if r.diverged else ""), str(len(r.entries)),
             r.created_at.strftime("%Y-%m-%d %H:%M:%S"), _cell(r.reason or ""))))
     for u in unreadable:
         rows.append((u.created_at, u.saga_id, (

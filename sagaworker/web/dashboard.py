@@ -28,7 +28,7 @@ from sagaworker._observe.visible import visible
 from . import chart
 from .api import auth, operator, sw_of
 from .auth import Identity
-from .queries import idle_sagas
+from .queries import diverged_sagas, idle_sagas
 
 __all__ = ["Attention", "Ops", "TimelineUndo", "bp", "register_filters"]
 
@@ -111,8 +111,9 @@ def index() -> str:
     except ConfigurationError:
         approvals = None  # no approval secret configured here
     idle = [red.record(r) for r in idle_sagas(sw)]
+    diverged = [red.record(r) for r in diverged_sagas(sw)]
     return render_template("index.html", sagas=listed, status=status, statuses=STATUSES,
-                           counts=counts, scanned=len(recent), idle=idle,
+                           counts=counts, scanned=len(recent), idle=idle, diverged=diverged,
                            attention=attention(recent, dirty), approvals=approvals,
                            unreadable=unreadable)
 

@@ -12,7 +12,7 @@ from sagaworker._journal.raw_rows import why_unreadable
 from sagaworker._journal.schema import entries, sagas
 from sagaworker._observe.logging import get_logger
 
-__all__ = ["idle_sagas"]
+__all__ = ["diverged_sagas", "idle_sagas"]
 
 log = get_logger()
 
@@ -30,6 +30,23 @@ def idle_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
                     sagas.c.fail_requested_at.is_(None), sagas.c.idle_reported_at.is_not(None),
                     sagas.c.idle_reported_at >= sagas.c.updated_at, ~busy.exists())
              .order_by(sagas.c.idle_reported_at).limit(limit))
+    return _records(sw, query)
+
+
+def diverged_sagas(sw: Any, limit: int = 50) -> list[SagaRecord]:
+    """Flows held because their replay diverged from the journal (held), oldest first:
+    their effects are live and nothing moves them until a fixed deploy and ``flows
+    resume``, an abort or their deadline."""
+    query = (select(sagas.c.saga_id)
+             .where(sagas.c.flow.is_not(None), sagas.c.divergence.is_not(None),
+                    sagas.c.status.in_([SagaStatus.RUNNING.value,
+                                        SagaStatus.AWAITING_APPROVAL.value]),
+                    sagas.c.fail_requested_at.is_(None))
+             .order_by(sagas.c.updated_at).limit(limit))
+    return _records(sw, query)
+
+
+def _records(sw: Any, query: Any) -> list[SagaRecord]:
     with sw.journal.engine.connect() as conn:
         ids = [r.saga_id for r in conn.execute(query)]
     out = []

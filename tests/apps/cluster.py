@@ -206,6 +206,29 @@ def raises_its_own(s: FlowContext, key: str, rejected: bool = False) -> None:
     raise kind("the flow's own verdict: no stock in any warehouse")
 
 
+def strict_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0
+                 ) -> dict[str, Any]:
+    """``three_steps``, declared ``on_divergence="compensate"``."""
+    return three_steps(s, key, fail_at, sleep)
+
+
+def versioned(s: FlowContext, key: str, parcel: str) -> list[str]:
+    """One flow, four versions of its code (``TEST_FLOW_CODE`` of the process that
+    replays it, read at each replay: a deploy). 1: a, the gated ship, c. 2: a new step b
+    inserted before ship (sagas started under 1 diverge). 3: b behind ``s.patched`` (old
+    sagas skip it, new ones run it). 4: the patch deprecated (every saga runs b)."""
+    code = os.environ.get("TEST_FLOW_CODE", "1")
+    done = [s.call("tests.apps.cluster.step", key, "a")]
+    if code == "2" or (code == "3" and s.patched("add-b")):
+        done.append(s.call("tests.apps.cluster.step", key, "b"))
+    if code == "4":
+        s.deprecate_patch("add-b")
+        done.append(s.call("tests.apps.cluster.step", key, "b"))
+    done.append(s.call("tests.apps.cluster.ship", key, parcel))
+    done.append(s.call("tests.apps.cluster.step", key, "c"))
+    return done
+
+
 def pays_noisily(s: FlowContext, key: str, cc: str) -> str:
     """Pays with ``cc`` through a tool whose own log line quotes the card."""
     paid: str = s.call("tests.apps.cluster.noisy_pay", key, cc)
@@ -249,7 +272,7 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
-         retried_later_flow, raises_its_own)
+         retried_later_flow, raises_its_own, versioned)
 
 
 def _end_with_the_test_run() -> None:
@@ -661,6 +684,7 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
 
     for flow in FLOWS:
         sw.flow()(flow)
+    sw.flow(on_divergence="compensate")(strict_steps)
     return app, sw
 
 

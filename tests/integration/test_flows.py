@@ -14,6 +14,7 @@ from tests.apps.cluster import (
     fan_out,
     gated_flow,
     raises_its_own,
+    strict_steps,
     three_steps,
 )
 from tests.conftest import Cluster, uid, wait_for
@@ -130,10 +131,12 @@ def test_deadline_fails_the_flow(cluster: Cluster) -> None:
     assert ev[0]["level"] == "warning" and ev[0]["deadline_at"]
 
 
-def test_replay_that_diverges_fails_the_saga(cluster: Cluster) -> None:
-    """A replay asking for other arguments than the journal holds: flow_diverged, undone."""
+def test_replay_that_diverges_fails_a_saga_declared_to_compensate(cluster: Cluster) -> None:
+    """A replay asking for other arguments than the journal holds: flow_diverged, and a
+    flow declared ``on_divergence="compensate"`` is undone (the default holds it:
+    test_flow_versions.py)."""
     key = uid("f")
-    saga = cluster.sw.start(key, three_steps, key, sleep=3)
+    saga = cluster.sw.start(key, strict_steps, key, sleep=3)
     wait_for(lambda: len(cluster.sw.inspect(key).entries) == 2, T, "step b to start")
     with cluster.sw.journal.engine.begin() as conn:  # the flow's code "changed" under it
         conn.execute(update(entries).where(entries.c.saga_id == key, entries.c.seq == 1)

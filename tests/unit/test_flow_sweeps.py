@@ -154,7 +154,7 @@ def test_a_replay_that_raises_before_asking_for_a_journaled_step_diverged(
     the saga with `flow diverged at step N` and `flow_diverged`, not as the flow's own
     error."""
     sw, _ = flow_sw
-    sw.flow()(changed)
+    sw.flow(on_divergence="compensate")(changed)
     REPLAY["then"] = "ask"
     sw.start("ch-1", changed, 7)
     sw.flows.advance("ch-1")  # journals step 1

@@ -1,0 +1,207 @@
+"""Changing a flow's code, the journal's side: a diverged replay holds its saga,
+the sweeper retries it, patches serve old and new journals, ``flows check`` reads only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+from sqlalchemy import update
+from structlog.testing import capture_logs
+
+from sagaworker import FlowContext, FlowDiverged, SagaStatus, Sagaworker, Settings, testing
+from sagaworker._journal.dialect import db_later
+from sagaworker._journal.schema import sagas
+from sagaworker.testing import check_compensation
+from tests.unit.test_flow_sweeps import FlowBus, run_step
+
+#: the code the flows below run (a deploy changes it between replays)
+CODE = {"v": "1"}
+PLAIN = "tests.unit.test_flow_changes.plain"
+
+
+def plain(n: int) -> int:
+    return n
+
+
+def unplain() -> None:
+    return None
+
+
+def versions(s: FlowContext, n: int) -> list[int]:
+    """1: plain(n), plain(n+1). 2 and 3: another first step (two different divergences).
+    4: a patch marker before the first step. 5: the patch asked for twice."""
+    v = CODE["v"]
+    if v in ("4", "5") and s.patched("double"):
+        if v == "5":
+            s.patched("double")
+        n *= 2
+    first = {"2": n + 100, "3": n + 200}.get(v, n)
+    return [s.call(PLAIN, first), s.call(PLAIN, n + 1)]
+
+
+def patched_flow(s: FlowContext, n: int) -> list[int]:
+    """A patch whose new branch runs a step: compensated like any other step."""
+    out = [s.call(PLAIN, n)]
+    if s.patched("extra"):
+        out.append(s.call(PLAIN, n + 1))
+    out.append(s.call(PLAIN, n + 2))
+    return out
+
+
+def strict(s: FlowContext, n: int) -> list[int]:
+    return versions(s, n)
+
+
+@pytest.fixture
+def sw(tmp_path: Path) -> Iterator[Sagaworker]:
+    CODE["v"] = "1"
+    sw = Sagaworker(Celery("changes", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret="s" * 40, relay_after=30))
+
+    sw.compensation(unplain)
+    sw.tool(compensable_by="unplain")(plain)
+    sw.flow()(versions)
+    sw.flow()(patched_flow)
+    sw.flow(on_divergence="compensate")(strict)
+    sw.rt.bus = FlowBus([])
+    yield sw
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def test_a_diverged_replay_holds_the_saga_and_logs_each_divergence_once(
+        sw: Sagaworker) -> None:
+    sw.start("v-1", versions, 1)
+    sw.flows.advance("v-1")  # journals plain(1)
+    CODE["v"] = "2"
+    with capture_logs() as logs:
+        sw.flows.advance("v-1")
+        sw.flows.advance("v-1")  # the same divergence again: not logged again
+    rec = sw.inspect("v-1")
+    assert rec.status is SagaStatus.RUNNING and rec.reason is None
+    assert rec.diverged == ("flow diverged at step 1: the journal holds "
+                            f"{PLAIN}(1), the replay asked for {PLAIN}(101)")
+    assert [e.seq for e in rec.entries] == [1]  # nothing journaled while held
+    (logged,) = events(logs, "flow_diverged")
+    assert logged["seq"] == 1 and logged["held"] is True and "flows resume v-1" in logged[
+        "resolve"]
+    CODE["v"] = "3"  # another deploy, another divergence: logged again
+    with capture_logs() as logs:
+        sw.flows.advance("v-1")
+    assert [e["detail"] for e in events(logs, "flow_diverged")] == [
+        f"flow diverged at step 1: the journal holds {PLAIN}(1), the replay asked for "
+        f"{PLAIN}(201)"]
+    CODE["v"] = "1"  # the rollback: released, and it moves on
+    run_step(sw, "v-1", 1, PLAIN, 1)
+    with capture_logs() as logs:
+        sw.flows.advance("v-1")
+    assert [e["event"] for e in logs if e["event"].startswith("flow_")] == [
+        "flow_divergence_resolved"]
+    rec = sw.inspect("v-1")
+    assert rec.diverged is None and [e.seq for e in rec.entries] == [1, 2]
+
+
+def test_on_divergence_compensate_fails_the_saga(sw: Sagaworker) -> None:
+    sw.start("s-1", strict, 1)
+    sw.flows.advance("s-1")
+    CODE["v"] = "2"
+    sw.flows.advance("s-1")
+    rec = sw.inspect("s-1")
+    assert rec.diverged is None  # failed (its failure message compensates it), not held
+    assert (rec.reason or "").startswith("flow diverged at step 1")
+
+
+def test_an_unknown_on_divergence_is_refused(sw: Sagaworker) -> None:
+    from sagaworker import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"'hold'.*'compensate'"):
+        sw.flow(on_divergence="retry")(strict)
+
+
+def test_the_sweeper_replays_a_held_flow_once_every_diverged_retry(sw: Sagaworker) -> None:
+    bus = sw.rt.bus
+    assert isinstance(bus, FlowBus)
+    sw.start("v-2", versions, 1)
+    sw.flows.advance("v-2")
+    run_step(sw, "v-2", 1, PLAIN, 1)  # an outcome the held replay saw: no lost advance
+    CODE["v"] = "2"
+    sw.flows.advance("v-2")
+    bus.advances.clear()
+    sweeper = sw.sweeper
+    sweeper.sweep()
+    assert bus.advances == []  # not before SAGAWORKER_DIVERGED_RETRY (600 s)
+    with sw.journal.engine.begin() as conn:
+        conn.execute(update(sagas).where(sagas.c.saga_id == "v-2")
+                     .values(diverged_at=db_later(-601)))
+    sweeper.sweep()
+    sweeper.sweep()  # stamped by the first: one advance
+    assert bus.advances == ["v-2"]
+
+
+def test_patches_serve_old_and_new_journals(sw: Sagaworker) -> None:
+    sw.start("old", versions, 1)  # started under code 1: no marker at step 1
+    sw.flows.advance("old")
+    CODE["v"] = "4"
+    sw.start("new", versions, 1)
+    sw.flows.advance("new")  # a marker, then plain(2)
+    testing.replay(sw, "old")  # patched() is False there: plain(1) still matches
+    assert [(e.tool_name, e.args) for e in sw.inspect("new").entries] == [
+        ("patch:double", []), (PLAIN, [2])]
+    assert [(e.tool_name, e.args) for e in sw.inspect("old").entries] == [(PLAIN, [1])]
+    CODE["v"] = "1"  # the marker where the code asks for none: a divergence naming it
+    with pytest.raises(FlowDiverged) as e:
+        testing.replay(sw, "new")
+    assert (e.value.seq, e.value.journaled) == (1, "patch marker 'double'")
+    CODE["v"] = "5"  # one id asked for twice
+    with pytest.raises(FlowDiverged, match="patch 'double' twice"):
+        testing.replay(sw, "new")
+
+
+def test_a_patched_flow_compensates_its_steps_and_lists_no_marker(sw: Sagaworker) -> None:
+    """The toolkit fails each step in turn: every EXECUTED step is undone in reverse, the
+    marker is never undone nor reported."""
+    check_compensation(sw, patched_flow, 1)
+
+
+def _cli_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sw: Sagaworker) -> Any:
+    from sagaworker.cli.commands import main
+
+    monkeypatch.setattr("sagaworker.cli.context.load", lambda app: sw)
+    runner = CliRunner(**({"mix_stderr": False} if "mix_stderr" in CliRunner.__init__.
+                          __code__.co_varnames else {}))
+    return lambda *a: runner.invoke(main, ["-A", "app", "flows", *a])
+
+
+def test_flows_check_names_each_saga_that_would_diverge(
+        sw: Sagaworker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli = _cli_app(tmp_path, monkeypatch, sw)
+    for k in ("c-1", "c-2"):
+        sw.start(k, versions, 1)
+        sw.flows.advance(k)
+    r = cli("check")
+    assert r.exit_code == 0, r.output
+    assert "2 saga(s) in flight checked" in r.stderr
+    CODE["v"] = "2"
+    r = cli("check", "--flow", "tests.unit.test_flow_changes.versions")
+    assert r.exit_code == 1
+    assert r.stdout.splitlines() == [
+        f"{k}\ttests.unit.test_flow_changes.versions\tdiverged at step 1\tflow diverged at "
+        f"step 1: the journal holds {PLAIN}(1), the replay asked for {PLAIN}(101)"
+        for k in ("c-1", "c-2")]
+    r = cli("check", "--json")
+    got = json.loads(r.stdout)
+    assert got["checked"] == 2 and [(f["saga_id"], f["seq"], f["asked"]) for f in
+                                    got["findings"]] == [("c-1", 1, f"{PLAIN}(101)"),
+                                                         ("c-2", 1, f"{PLAIN}(101)")]
+    assert cli("check", "--flow", "no.such.flow").exit_code == 0
+    r = cli("resume", "nope")
+    assert r.exit_code == 1 and "no saga 'nope'" in r.stderr
