@@ -148,3 +148,31 @@ def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
                              ("effect", "c")]
     r = cli(c, monkeypatch, "show", new)
     assert "patch:add-b" in r.output
+
+
+def test_flows_check_only_reads(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a connection where PostgreSQL refuses every write (as a read replica does),
+    ``flows check`` still checks every saga in flight and finds the one that diverges."""
+    from sqlalchemy import text
+
+    from tests.apps.cluster import build
+
+    c = cluster
+    key = uid("ro")
+    c.sw.start(key, versioned, key, "p")
+    wait_for(lambda: gate(c, key), T, "the gate")
+    sep = "&" if "?" in c.settings.database_url else "?"
+    ro_url = f"{c.settings.database_url}{sep}options=-c%20default_transaction_read_only%3Don"
+    _, ro = build(c.settings.model_copy(update={"database_url": ro_url}))
+    with pytest.raises(Exception, match="read-only transaction"), ro.journal.engine.begin() as conn:
+        conn.execute(text("UPDATE sagaworker_sagas SET reason = 'x' WHERE saga_id = :k"),
+                      {"k": key})
+    monkeypatch.setenv("TEST_FLOW_CODE", "2")
+    monkeypatch.setattr("sagaworker.cli.context.load", lambda app: ro)
+    from sagaworker.cli.commands import main
+
+    r = CliRunner().invoke(main, ["-A", "tests.apps.cluster", "flows", "check", "--flow",
+                                  FLOW, "--json"])
+    assert r.exit_code == 1, r.output
+    assert key in r.output and "read-only" not in r.output
+    ro.rt.reset_engine()
