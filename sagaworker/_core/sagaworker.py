@@ -66,7 +66,7 @@ class Sagaworker(AsyncTwins):
         self.rt = Runtime(base, self.registry, self.bus)
         # the one place the parts are assembled, each given what it uses
         self.producer = Producer(self.rt)
-        self.flows = Flows(self.rt, self.producer)
+        self.flows = Flows(self.rt, self.producer, app)
         self.executor = Executor(self.rt, advance=self.flows.advance)
         self.compensator = Compensator(self.rt, self.executor.heartbeat)
         self.gate = Gate(self.rt)

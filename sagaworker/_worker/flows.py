@@ -38,6 +38,7 @@ from .._observe.logging import get_logger
 from .._observe.redact import scrub_text, secret_values
 from .._producer.producer import Hold, Producer
 from .._producer.saga import saga_secrets
+from .reach import reaches
 from .replay import FlowContext, FlowHandle, FlowSpec, Replay, replay
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Flows", "flow_name", "unknown_flow"]
@@ -84,10 +85,12 @@ def unknown_flow(name: str) -> str:
 class Flows:
     """The registry of flows and the replay that advances them."""
 
-    def __init__(self, rt: Runtime, producer: Producer) -> None:
+    def __init__(self, rt: Runtime, producer: Producer, app: Any = None) -> None:
         self.rt = rt
         self.producer = producer
+        self.app = app  # the Celery app: whose -A module a worker imports
         self.specs: dict[str, FlowSpec] = {}
+        self._reach_checked: set[str] = set()
 
     def add(self, fn: Callable[..., Any], name: str | None,
             on_divergence: str = "hold") -> FlowSpec:
@@ -131,6 +134,7 @@ class Flows:
         """Journal a flow saga (in its start span, traced: its context, returned, is
         journaled with it) and send its first advance."""
         spec = self.spec_of(flow)
+        self._check_reach(spec)
         sig = inspect.signature(spec.fn)
         try:
             sig.bind(None, *args, **kwargs)
@@ -154,6 +158,19 @@ class Flows:
                 tx.after_commit(lambda: self._send_advance(saga_id, s.carrier),
                                 saga_id=saga_id)
         return s.carrier
+
+    def _check_reach(self, spec: FlowSpec) -> None:
+        """Once per flow: warn when a worker on the app's module would not import it."""
+        if spec.name in self._reach_checked:
+            return
+        self._reach_checked.add(spec.name)
+        module = spec.fn.__module__
+        if self.app is not None and reaches(self.app, module) is False:
+            log.warning("flow_not_imported_by_app", flow=spec.name,
+                        detail=f"a worker started with -A {self.app.main} does not import "
+                               f"{module}: it will not know this flow (flow_unknown); import "
+                               f"{module} from {self.app.main} or list it in Celery's "
+                               "include=")
 
     def _send_advance(self, saga_id: str, carrier: str | None) -> None:
         with tracing.within(carrier):

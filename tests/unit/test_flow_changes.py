@@ -4,6 +4,7 @@ the sweeper retries it, patches serve old and new journals, ``flows check`` read
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,34 @@ def test_flows_check_names_each_saga_that_would_diverge(
     assert cli("check", "--flow", "no.such.flow").exit_code == 0
     r = cli("resume", "nope")
     assert r.exit_code == 1 and "no saga 'nope'" in r.stderr
+
+
+def test_starting_a_flow_the_app_module_does_not_import_warns_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow declared in a module the worker's -A module never imports would be
+    `flow_unknown` on every worker: the producer says so, once, naming the fix."""
+    (tmp_path / "reachapp.py").write_text(
+        "from celery import Celery\nfrom sagaworker import Sagaworker, Settings\n"
+        f"app = Celery('reachapp')\nsw = Sagaworker(app, settings=Settings(database_url="
+        f"{str('sqlite:///' + str(tmp_path / 'j.db'))!r}, broker_url='memory://'))\n"
+        "import reachin  # noqa\n")
+    flow = "def f(s, n):\n    return n\n"
+    (tmp_path / "reachin.py").write_text("from reachapp import sw\n@sw.flow()\n" + flow)
+    (tmp_path / "reachout.py").write_text("from reachapp import sw\n@sw.flow()\n" + flow)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for m in ("reachapp", "reachin", "reachout"):
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    import reachapp  # type: ignore[import-not-found]
+    import reachin  # type: ignore[import-not-found]
+    import reachout  # type: ignore[import-not-found]
+
+    sw = reachapp.sw
+    sw.create_schema()
+    sw.rt.bus = FlowBus([])
+    with capture_logs() as logs:
+        sw.start("in-1", reachin.f, 1)
+        sw.start("out-1", reachout.f, 1)
+        sw.start("out-2", reachout.f, 2)
+    (warned,) = events(logs, "flow_not_imported_by_app")
+    assert warned["flow"] == "reachout.f"
+    assert "import reachout from reachapp" in warned["detail"]
