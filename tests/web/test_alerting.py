@@ -162,7 +162,7 @@ def test_rule_files_implement_the_data_matchers() -> None:
     """Every rule in rules.yml has a LogQL alert and a VRL route with the same matchers."""
     exprs, routes = loki_exprs(), vrl_routes()
     assert {r["name"] for r in rules()} == {"compensation_failed", "saga_compensation_failed",
-                                            "step_in_doubt", "orphan_intent"}
+                                            "step_in_doubt", "flow_diverged", "orphan_intent"}
     assert set(exprs) == {r["alert"] for r in rules()}
     assert set(routes) == {r["name"] for r in rules()}
     for r in rules():
@@ -219,3 +219,36 @@ def test_near_misses_do_not_fire() -> None:
     retry = {"event": "compensation_retry", "level": "warning", "attempts": 1}
     not_dirty = {"event": "compensation_failed", "level": "error", "dirty_state": False}
     assert fires(rule, retry) == set() and fires(rule, not_dirty) == set()
+
+
+def test_a_held_flow_fires_flow_diverged(tmp_path: Path, captured: io.StringIO) -> None:
+    """A real held flow's line fires flow_diverged in all three forms; the same divergence
+    under on_divergence="compensate" (not held: the saga compensates) does not."""
+    from celery import Celery
+
+    from sagaworker import Settings
+    from tests.unit.test_flow_changes import CODE, FlowBus, plain, strict, unplain, versions
+
+    CODE["v"] = "1"
+    sw = Sagaworker(Celery("alerts-flow", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'f.db'}", broker_url="memory://"))
+    sw.compensation(unplain)
+    sw.tool(compensable_by="unplain")(plain)
+    sw.flow()(versions)
+    sw.flow(on_divergence="compensate")(strict)
+    sw.rt.bus = FlowBus([])
+    for saga_id, flow in (("held-1", versions), ("strict-1", strict)):
+        sw.start(saga_id, flow, 1)
+        sw.flows.advance(saga_id)
+    CODE["v"] = "2"
+    try:
+        for saga_id in ("held-1", "strict-1"):
+            sw.flows.advance(saga_id)
+    finally:
+        CODE["v"] = "1"
+    rule = next(r for r in rules() if r["name"] == "flow_diverged")
+    got = lines(captured)
+    assert [(ln["saga_id"], ln["seq"]) for ln in got if fires(rule, ln)] == [("held-1", 1)]
+    assert all(fires(rule, ln) in (set(), {"data", "logql", "vrl"}) for ln in got)
+    assert [ln["saga_id"] for ln in got if ln["event"] == "flow_diverged"] == [
+        "held-1", "strict-1"]
