@@ -73,9 +73,9 @@ class FlowContext:
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> FlowHandle:
         """A step that runs beside the next ones until ``gather`` awaits it."""
+        spec = self._producer.resolve(tool)  # (not a tool: raised at this position)
         pos = self._cursor
         self._cursor += 1
-        spec = self._producer.resolve(tool)
         if pos < len(self._journal):
             row = self._journal[pos]
             try:
