@@ -38,8 +38,15 @@ def held(journal: Journal, saga_id: str, detail: str) -> bool:
                          .values(diverged_at=db_now()))
         return bool(news)
 
-    # replayed after a lost COMMIT: the row holds ``detail`` then, so the replay is no news
-    return journal.write(body)
+    def landed() -> bool | None:
+        # a COMMIT whose reply was lost: if the row holds ``detail`` now, it is logged (a
+        # page twice rather than never: the sweeper's next replay would find it no news)
+        with journal.engine.connect() as conn:
+            now_held = conn.execute(select(sagas.c.divergence)
+                                    .where(sagas.c.saga_id == saga_id)).scalar()
+        return True if now_held == detail else None
+
+    return journal.write(body, landed)
 
 
 def release(journal: Journal, saga_id: str) -> bool:
