@@ -228,19 +228,7 @@ class Flows:
             j.mark_advanced(saga_id, seen)
             return None
         if run.kind == "diverged":
-            detail = self._scrubbed(spec, saga, run.detail)
-            if spec.on_divergence == "compensate":
-                self._fail(saga_id, detail, event="flow_diverged")
-                return None
-            # held: nothing journaled, nothing run, nothing undone; logged once
-            # per divergence; the sweeper replays it again on SAGAWORKER_DIVERGED_RETRY
-            if held(j, saga_id, detail):
-                log.error("flow_diverged", flow=spec.name, seq=run.divergence_seq,
-                          detail=detail, held=True,
-                          resolve=f"deploy code that replays the journal (a rollback, or "
-                                  f"s.patched(...)), then `sagaworker flows resume {saga_id}`;"
-                                  f" or `sagaworker abort {saga_id} --reason R` to compensate")
-            j.mark_advanced(saga_id, seen)
+            self._diverged(spec, saga, run, seen)
             return None
         if run.kind == "raised":
             exc = run.error
@@ -266,6 +254,26 @@ class Flows:
             return None
         log.info("saga_completed", flow=spec.name)
         return None
+
+    def _diverged(self, spec: FlowSpec, saga: Any, run: Replay, seen: int) -> None:
+        """Held: nothing journaled, nothing run, nothing undone; logged once per
+        divergence; the sweeper replays it again every SAGAWORKER_DIVERGED_RETRY. Or failed,
+        for a flow declared ``on_divergence="compensate"``."""
+        j, saga_id = self.rt.journal, saga.saga_id
+        detail = self._scrubbed(spec, saga, run.detail)
+        if spec.on_divergence == "compensate":
+            self._fail(saga_id, detail, event="flow_diverged")
+            return
+        if held(j, saga_id, detail):
+            d = run.divergence
+            log.error("flow_diverged", flow=spec.name, seq=run.divergence_seq,
+                      detail=detail, held=True,
+                      journaled=self._scrubbed(spec, saga, d.journaled) if d else None,
+                      asked=self._scrubbed(spec, saga, d.asked) if d else None,
+                      resolve=f"deploy code that replays the journal (a rollback, or "
+                              f"s.patched(...)), then `sagaworker flows resume {saga_id}`; "
+                              f"or `sagaworker abort {saga_id} --reason R` to compensate")
+        j.mark_advanced(saga_id, seen)
 
     def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int,
                      hold: Hold | None = None) -> list[tuple[int, NewEntry]]:
