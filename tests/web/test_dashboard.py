@@ -432,3 +432,29 @@ def test_the_dashboard_names_the_app_it_serves(client: FlaskClient, sw: Sagawork
     page = _html(client, "/")
     assert f"{sw.app.main} on-call" in page and "orders on-call" not in page
     assert re.search(rf"<title>[^<]*sagas · {sw.app.main} · sagaworker</title>", page)
+
+
+def test_a_diverged_flow_is_pinned_with_the_commands_that_resolve_it(
+        client: FlaskClient, sw: Sagaworker) -> None:
+    """A flow held on a divergence is pinned beside dirty and idle sagas with the resume
+    and abort commands; its page says why it is held; its JSON carries ``diverged``."""
+    from sqlalchemy import update
+
+    from sagaworker._journal.schema import entries
+
+    from .journal import order_flow
+
+    sw.start("order-d1", order_flow, "d1", "sku-5", 3, "card-0000-1111", 2500)
+    sw.flows.advance("order-d1")
+    with sw.journal.engine.begin() as conn:  # the deployed code now asks for another step 1
+        conn.execute(update(entries).where(entries.c.saga_id == "order-d1")
+                     .values(args_digest="0" * 64))
+    sw.flows.advance("order-d1")
+    pinned = _section(_html(client, "/"), "Needs attention", 'id="sagas"')
+    assert 'data-kind="diverged" data-saga="order-d1"' in pinned
+    assert "sagaworker flows resume order-d1" in pinned
+    assert "sagaworker abort order-d1 --reason" in pinned
+    page = _html(client, "/ui/sagas/order-d1")
+    assert 'id="diverged"' in page and "flow diverged at step 1" in page
+    got = client.get("/sagas/order-d1").get_json()
+    assert got["status"] == "RUNNING" and got["diverged"].startswith("flow diverged at step 1")
