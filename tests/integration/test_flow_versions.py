@@ -60,15 +60,16 @@ def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     c, sw = cluster, cluster.sw
     # four orders wait at the ship gate under code 1 (a, ship, c)
-    resumed, retried, patched, overdue = old = [uid("v") for _ in range(4)]
-    for k in old:
+    resumed, retried, overdue, patched = every = [uid("v") for _ in range(4)]
+    old = every[:3]  # approved under code 2 (``patched`` waits at its gate for code 3)
+    for k in every:
         sw.start(k, versioned, k, "p", deadline=3600)
-    gates = {k: wait_for(lambda k=k: gate(c, k), T, f"the gate of {k}") for k in old}
+    gates = {k: wait_for(lambda k=k: gate(c, k), T, f"the gate of {k}") for k in every}
 
     # before the deploy: code 2 (step b inserted before ship) would diverge on each
     monkeypatch.setenv("TEST_FLOW_CODE", "2")
-    found = findings(c, old)
-    assert set(found) == set(old)
+    found = findings(c, every)
+    assert set(found) == set(every)
     f = found[resumed]
     assert (f.kind, f.seq) == ("diverged", 2)
     assert f.journaled == "tests.apps.cluster.ship('" + resumed + "', 'p')"
@@ -79,7 +80,7 @@ def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
     r = cli(c, monkeypatch, "flows", "check", "--flow", FLOW)
     assert r.exit_code == 1 and f"{resumed}\t{FLOW}\tdiverged at step 2" in r.output
     monkeypatch.setenv("TEST_FLOW_CODE", "1")
-    assert findings(c, old) == {}
+    assert findings(c, every) == {}
     testing.replay(sw, resumed)  # code 1 carries it on
 
     # code 2 ships anyway: once approved, ship runs and the replay after it diverges:
@@ -126,14 +127,18 @@ def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
     assert kinds(c, resumed) == [("effect", "a"), ("effect", "ship"), ("effect", "c")]
     assert sw.inspect(retried).diverged is not None  # (the sweeper retries it in 600 s)
 
-    # code 3 patches b in, and the sweeper's own retry (SAGAWORKER_DIVERGED_RETRY)
-    # replays the held sagas with it: the old ones complete without b
-    deploy(c, "3", SAGAWORKER_DIVERGED_RETRY="1")
-    for k in (retried, patched):
-        res = sw.get(k).wait(timeout=T)
-        assert res.status is SagaStatus.COMPLETED and res.value == ["a-done", "shipped-p",
-                                                                    "c-done"]
-        assert kinds(c, k) == [("effect", "a"), ("effect", "ship"), ("effect", "c")]
+    # the sweeper's own retry (SAGAWORKER_DIVERGED_RETRY) after the rollback
+    deploy(c, "1", SAGAWORKER_DIVERGED_RETRY="1")
+    assert sw.get(retried).wait(timeout=T).status is SagaStatus.COMPLETED
+    assert kinds(c, retried) == [("effect", "a"), ("effect", "ship"), ("effect", "c")]
+
+    # code 3 patches b in: the order that waited at its gate since code 1 replays past
+    # the patch (no marker there: its journal holds ship) and completes without b
+    deploy(c, "3")
+    sw.approve(gates[patched].token, approver="alice")
+    res = sw.get(patched).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED and res.value == ["a-done", "shipped-p", "c-done"]
+    assert kinds(c, patched) == [("effect", "a"), ("effect", "ship"), ("effect", "c")]
     # and a new saga under code 3 runs b, with the patch's marker journaled before it
     new = uid("v")
     saga = sw.start(new, versioned, new, "q")

@@ -237,3 +237,21 @@ def test_starting_a_flow_the_app_module_does_not_import_warns_once(
     (warned,) = events(logs, "flow_not_imported_by_app")
     assert warned["flow"] == "reachout.f"
     assert "import reachout from reachapp" in warned["detail"]
+
+
+def test_list_and_show_mark_a_held_saga(
+        sw: Sagaworker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sagaworker.cli.commands import main
+
+    monkeypatch.setattr("sagaworker.cli.context.load", lambda app: sw)
+    sw.start("h-1", versions, 1)
+    sw.flows.advance("h-1")
+    CODE["v"] = "2"
+    sw.flows.advance("h-1")
+    r = CliRunner().invoke(main, ["-A", "app", "list"], terminal_width=200)
+    assert r.exit_code == 0 and "RUNNING (diverged)" in r.output
+    r = CliRunner().invoke(main, ["-A", "app", "show", "h-1"], terminal_width=200)
+    assert "diverged (held: nothing runs, nothing is undone)" in r.output
+    assert "sagaworker flows resume h-1" in r.output
+    r = CliRunner().invoke(main, ["-A", "app", "show", "h-1", "--json"])
+    assert json.loads(r.output)["diverged"].startswith("flow diverged at step 1")
