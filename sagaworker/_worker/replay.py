@@ -8,10 +8,12 @@ the worker (``Flows``) and ``sagaworker.testing`` act on it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._base.awaiting import settle
 from .._base.canonical import args_digest
 from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
@@ -55,8 +57,10 @@ class FlowContext:
     """What a flow function is handed: ``call``, ``enqueue``, ``gather``."""
 
     def __init__(self, saga_id: str, metadata: dict[str, Any], journal: list[Any],
-                 producer: Producer) -> None:
+                 producer: Producer, is_async: bool = False) -> None:
         self.saga_id = saga_id
+        #: an ``async def`` flow's: ``call`` and ``gather`` are awaited
+        self.is_async = is_async
         self.metadata = metadata
         self._journal = journal
         self._producer = producer
@@ -68,8 +72,18 @@ class FlowContext:
         self._patches: set[str] = set()
 
     def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
-        """The step's journaled result (its saga waits, with no thread, until there is one)."""
-        return self.gather(self.enqueue(tool, *args, **kwargs))[0]
+        """The step's journaled result (its saga waits, with no thread, until there is one);
+        in an ``async def`` flow, awaited: ``await s.call(...)``."""
+        handle = self.enqueue(tool, *args, **kwargs)
+        if self.is_async:
+            return self._one(handle)
+        return self._results((handle,))[0]
+
+    async def _one(self, handle: FlowHandle) -> Any:
+        return self._results((handle,))[0]
+
+    async def _all(self, handles: tuple[FlowHandle, ...]) -> list[Any]:
+        return self._results(handles)
 
     def enqueue(self, tool: Any, /, *args: Any, **kwargs: Any) -> FlowHandle:
         """A step that runs beside the next ones until ``gather`` awaits it."""
@@ -133,8 +147,12 @@ class FlowContext:
                          f"flow diverged at step {row.seq}: the journal holds {held}, the "
                          f"replay {did}")
 
-    def gather(self, *handles: FlowHandle) -> list[Any]:
-        """The results of the handles' steps, in the order of the handles."""
+    def gather(self, *handles: FlowHandle) -> Any:
+        """The results of the handles' steps, in the order of the handles (a list; awaited
+        in an ``async def`` flow)."""
+        return self._all(handles) if self.is_async else self._results(handles)
+
+    def _results(self, handles: tuple[FlowHandle, ...]) -> list[Any]:
         out = []
         for h in handles:
             if h.position >= len(self._journal):
@@ -211,13 +229,18 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
     ``sagaworker.testing`` both do). Asking for another tool or other arguments than the
     journal holds at a position, or returning or raising before asking for every
     journaled step, is a divergence."""
-    ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer)
+    is_async = inspect.iscoroutinefunction(spec.fn)
+    ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer, is_async)
     try:
         value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
+        if is_async:  # on this thread's event loop, as an async tool runs
+            value = settle(value)
     except _Suspend:
         return Replay(ctx, "waits")
     except _Diverged as exc:
         return Replay(ctx, "diverged", detail=exc.detail, divergence=exc)
+    except BaseExceptionGroup as group:  # a task group in the flow (an agent's tools)
+        return _grouped(ctx, rows, group)
     except Exception as exc:
         if not ctx.from_journal(exc) and not ctx.new and ctx.consumed < len(rows):
             what = f"raised {type(exc).__name__}"
@@ -227,6 +250,31 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
         return Replay(ctx, "diverged", value=value,
                       **_unasked(ctx, rows[ctx.consumed], "returned"))
     return Replay(ctx, "waits" if ctx.new else "returned", value=value)
+
+
+def _grouped(ctx: FlowContext, rows: list[Any], group: BaseExceptionGroup[Any]) -> Replay:
+    """What a group of the flow's tasks came to: a divergence in any of them, else a
+    failure from the journal, else a wait (every task stopped at a step without an
+    outcome). A group also holding the flow's own errors fails the saga, as a raise does."""
+    leaves = _leaves(group)
+    for exc in leaves:
+        if isinstance(exc, _Diverged):
+            return Replay(ctx, "diverged", detail=exc.detail, divergence=exc)
+    for exc in leaves:
+        if ctx.from_journal(exc):
+            return Replay(ctx, "raised", error=exc)
+    own = [e for e in leaves if not isinstance(e, _Suspend)]
+    if not own:
+        return Replay(ctx, "waits")
+    if not isinstance(own[0], Exception):
+        raise group  # (a KeyboardInterrupt, a SystemExit: not the flow's to decide)
+    return Replay(ctx, "raised", error=own[0])
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 def _unasked(ctx: FlowContext, row: Any, what: str) -> dict[str, Any]:

@@ -206,6 +206,24 @@ def raises_its_own(s: FlowContext, key: str, rejected: bool = False) -> None:
     raise kind("the flow's own verdict: no stock in any warehouse")
 
 
+async def async_steps(s: FlowContext, key: str, fail_at: int = 0,
+                      parcel: str | None = None) -> list[Any]:
+    """An ``async def`` flow: a, then b and c at once (``asyncio.gather`` of two calls),
+    then ``s.gather`` of two handles, then the gated ship when ``parcel`` is given; step
+    ``fail_at`` fails."""
+    out = [await s.call("tests.apps.cluster.step", key, "a", fail=fail_at == 1)]
+    await asyncio.sleep(0)  # a real await between steps: the replay runs on a loop
+    out += await asyncio.gather(s.call("tests.apps.cluster.step", key, "b",
+                                       fail=fail_at == 2),
+                                s.call("tests.apps.cluster.step", key, "c"))
+    handles = [s.enqueue("tests.apps.cluster.step", key, n, fail=fail_at == 4)
+               for n in ("d", "e")]
+    out += await s.gather(*handles)
+    if parcel is not None:
+        out.append(await s.call("tests.apps.cluster.ship", key, parcel))
+    return out
+
+
 def strict_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0
                  ) -> dict[str, Any]:
     """``three_steps``, declared ``on_divergence="compensate"``."""
@@ -272,7 +290,7 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
-         retried_later_flow, raises_its_own, versioned)
+         retried_later_flow, raises_its_own, versioned, async_steps)
 
 
 def _end_with_the_test_run() -> None:
