@@ -3,15 +3,16 @@
 A held saga stays RUNNING (or AWAITING_APPROVAL) with nothing more journaled or run; the
 saga's row says what the replay found (``divergence``) and when a replay last found it
 (``diverged_at``: the sweeper replays it again every SAGAWORKER_DIVERGED_RETRY seconds).
-Idempotent compare-and-sets: a second worker, a replayed COMMIT or the sweeper's retry
-finding the same divergence changes only the time, and only one of them logs it.
+Compare-and-sets on the saga's journal position: a replay that read less never holds a
+saga another worker moved on; the sweeper's retry finding the same divergence changes
+only the time.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, select, update
 
 from .._base.types import OPEN_VALUES
 from .dialect import db_now
@@ -26,27 +27,23 @@ def _open(saga_id: str) -> list[Any]:
             sagas.c.fail_requested_at.is_(None)]
 
 
-def held(journal: Journal, saga_id: str, detail: str) -> bool:
-    """Hold the flow on ``detail``; True when that is news (no divergence, or another one,
-    was recorded): the caller logs ``flow_diverged`` then, and only then."""
+def held(journal: Journal, saga_id: str, detail: str, last_seq: int) -> bool:
+    """Hold the flow on ``detail`` (or record that a replay found it again), if its journal
+    is still the one that replay read (``last_seq``): a replay that read less never holds
+    a saga another worker moved on. True if recorded."""
     def body(conn: Connection) -> bool:
-        news = conn.execute(update(sagas).where(
-            *_open(saga_id), or_(sagas.c.divergence.is_(None), sagas.c.divergence != detail))
-            .values(divergence=detail, diverged_at=db_now())).rowcount
-        if not news:
-            conn.execute(update(sagas).where(*_open(saga_id), sagas.c.divergence == detail)
-                         .values(diverged_at=db_now()))
-        return bool(news)
+        return bool(conn.execute(update(sagas).where(*_open(saga_id),
+                                                     sagas.c.last_seq == last_seq)
+                                 .values(divergence=detail, diverged_at=db_now())).rowcount)
 
-    def landed() -> bool | None:
-        # a COMMIT whose reply was lost: if the row holds ``detail`` now, it is logged (a
-        # page twice rather than never: the sweeper's next replay would find it no news)
-        with journal.engine.connect() as conn:
-            now_held = conn.execute(select(sagas.c.divergence)
-                                    .where(sagas.c.saga_id == saga_id)).scalar()
-        return True if now_held == detail else None
+    # replayed after a lost COMMIT only when nothing was written: the same values again
+    return journal.write(body, lambda: True if _holds(journal, saga_id, detail) else None)
 
-    return journal.write(body, landed)
+
+def _holds(journal: Journal, saga_id: str, detail: str) -> bool:
+    with journal.engine.connect() as conn:
+        return conn.execute(select(sagas.c.divergence)
+                            .where(sagas.c.saga_id == saga_id)).scalar() == detail
 
 
 def release(journal: Journal, saga_id: str) -> bool:

@@ -76,6 +76,9 @@ MOVES: tuple[Move, ...] = (
          "the saga is open and not failing; INTENT commits before the publish", "step_intent"),
     Move("step", "gate", (NEW,), Phase.AWAITING_APPROVAL.value,
          "as journal, for an IRREVERSIBLE tool (never published)", "approval_requested"),
+    Move("step", "mark", (NEW,), Phase.EXECUTED.value,
+         "as journal, for a flow's patch marker: no tool, no message, its undo SKIPPED "
+         "with it", "flow_patch_marked"),
     Move("step", "approve", (Phase.AWAITING_APPROVAL.value,), Phase.INTENT.value,
          "a valid token; the saga is open and was never asked to fail", "approval_granted"),
     Move("step", "reject", (Phase.AWAITING_APPROVAL.value,), Phase.REJECTED.value,

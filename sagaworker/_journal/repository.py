@@ -228,7 +228,7 @@ class Journal(JournalReads):
                 "to carry on the existing one"
             ) from exc
 
-    @performs("step", "journal", "gate")
+    @performs("step", "journal", "gate", "mark")
     @performs("saga", "await_decision")
     def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
                     expect_seq: int | None = None, seen: int | None = None,

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._base.patches import patch_id
 from .._base.types import (
+    OPEN,
     CompensationReport,
     EntryRecord,
     Outcome,
@@ -54,7 +55,9 @@ def to_saga_record(saga: Any, rows: Sequence[Any]) -> SagaRecord:
         report=report_of(rows, recs), flow=saga.flow, deadline_at=aware(saga.deadline_at),
         flow_args=None if saga.flow is None else list(saga.flow_args or []),
         flow_kwargs=None if saga.flow is None else dict(saga.flow_kwargs or {}),
-        diverged=getattr(saga, "divergence", None),
+        # held only while open and not failing (an abort or a deadline ends the hold)
+        diverged=(saga.divergence if SagaStatus(saga.status) in OPEN
+                  and saga.fail_requested_at is None else None),
     )
 
 

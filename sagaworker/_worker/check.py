@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from .._base.errors import FlowDiverged
+from .._base.errors import FlowDiverged, SagaworkerError
 from .._base.patches import PatchMarker
 from .._base.types import OPEN_VALUES
+from .._journal.raw_rows import why_unreadable
 from .._journal.schema import entries, sagas
 from .replay import FlowSpec, Replay, replay
 
@@ -78,32 +79,63 @@ def check_one(sw: Sagaworker, saga: Any, rows: list[Any]) -> Finding | None:
 
 def check_flows(sw: Sagaworker, flow: str | None = None) -> Iterator[Finding | int]:
     """Every flow saga in flight, checked; yields each finding, then how many were
-    checked. Read from the journal's reader (a replica where one is configured)."""
-    engine = sw.journal.reader
+    checked. Read from the journal's reader (a replica where one is configured). A saga
+    whose row cannot be read (another key, a damaged value) is an ``unreadable`` finding,
+    never the end of the check."""
     after, checked = "", 0
     while True:
-        q = (select(sagas).where(sagas.c.flow.is_not(None), sagas.c.status.in_(OPEN_VALUES),
-                                 sagas.c.fail_requested_at.is_(None),
-                                 sagas.c.saga_id > after)
+        q = (select(sagas.c.saga_id).where(sagas.c.flow.is_not(None),
+                                           sagas.c.status.in_(OPEN_VALUES),
+                                           sagas.c.fail_requested_at.is_(None),
+                                           sagas.c.saga_id > after)
              .order_by(sagas.c.saga_id).limit(_PAGE))
         if flow is not None:
             q = q.where(sagas.c.flow == flow)
-        with engine.connect() as conn:
-            page = conn.execute(q).all()
-            if not page:
-                break
-            ids = [s.saga_id for s in page]
-            found: dict[str, list[Any]] = {i: [] for i in ids}
+        with sw.journal.reader.connect() as conn:
+            ids = list(conn.execute(q).scalars())
+        if not ids:
+            break
+        for saga_id, got in _page(sw, ids):
+            checked += 1
+            if isinstance(got, BaseException):
+                yield Finding(saga_id, _flow_of(sw, saga_id), "unreadable", why_unreadable(got))
+                continue
+            found = check_one(sw, *got)
+            if found is not None:
+                yield found
+        after = ids[-1]
+    yield checked
+
+
+def _page(sw: Sagaworker, ids: list[str]) -> Iterator[tuple[str, Any]]:
+    """Each saga of ``ids`` with its entries: one read for the page; read one by one
+    (each error apart) when the page holds a row that cannot be read."""
+    try:
+        with sw.journal.reader.connect() as conn:
+            page = conn.execute(select(sagas).where(sagas.c.saga_id.in_(ids))
+                                .order_by(sagas.c.saga_id)).all()
+            found: dict[str, list[Any]] = {s.saga_id: [] for s in page}
             for r in conn.execute(select(entries).where(entries.c.saga_id.in_(ids))
                                   .order_by(entries.c.saga_id, entries.c.seq)):
                 found[r.saga_id].append(r)
-        for saga in page:
-            checked += 1
-            got = check_one(sw, saga, found[saga.saga_id])
-            if got is not None:
-                yield got
-        after = page[-1].saga_id
-    yield checked
+    except (SagaworkerError, ValueError, TypeError):
+        for saga_id in ids:
+            try:
+                saga, rows = sw.journal.saga_and_entries(saga_id)
+            except (SagaworkerError, ValueError, TypeError) as exc:
+                yield saga_id, exc
+                continue
+            if saga is not None:
+                yield saga_id, (saga, rows)
+        return
+    for saga in page:
+        yield saga.saga_id, (saga, found[saga.saga_id])
+
+
+def _flow_of(sw: Sagaworker, saga_id: str) -> str:
+    with sw.journal.reader.connect() as conn:
+        return str(conn.execute(select(sagas.c.flow).where(sagas.c.saga_id == saga_id))
+                   .scalar() or "?")
 
 
 def diverged_error(f: Finding) -> FlowDiverged:

@@ -223,7 +223,8 @@ class Flows:
         if run.kind == "waits":
             # journaling the next steps also records ``seen`` (one transaction); a replay
             # that only waits on a running step or a gate records it alone
-            if run.ctx.new:
+            if run.ctx.new:  # (a patch marker is an outcome the moment it is journaled)
+                seen += sum(isinstance(t, PatchMarker) for t, _, _ in run.ctx.new)
                 return self._journal_new(saga_id, run.ctx, saga.last_seq, seen, hold)
             j.mark_advanced(saga_id, seen)
             return None
@@ -256,16 +257,23 @@ class Flows:
         return None
 
     def _diverged(self, spec: FlowSpec, saga: Any, run: Replay, seen: int) -> None:
-        """Held: nothing journaled, nothing run, nothing undone; logged once per
-        divergence; the sweeper replays it again every SAGAWORKER_DIVERGED_RETRY. Or failed,
-        for a flow declared ``on_divergence="compensate"``."""
-        j, saga_id = self.rt.journal, saga.saga_id
+        """Held: nothing journaled, nothing run, nothing undone; paged once per divergence
+        (before it is recorded: a worker lost in between pages again rather than never);
+        the sweeper replays it again every SAGAWORKER_DIVERGED_RETRY. Failed instead, for a
+        flow declared ``on_divergence="compensate"``. Not held when the journal holds a
+        patch marker this code never asks for: newer code wrote it (a rolling deploy), and
+        a worker running that code moves it on (the sweeper re-sends the advance)."""
+        j, saga_id, d = self.rt.journal, saga.saga_id, run.divergence
         detail = self._scrubbed(spec, saga, run.detail)
         if spec.on_divergence == "compensate":
             self._fail(saga_id, detail, event="flow_diverged")
             return
-        if held(j, saga_id, detail):
-            d = run.divergence
+        if d is not None and d.newer:
+            log.warning("flow_newer_than_code", flow=spec.name, seq=d.seq, detail=detail,
+                        resolve="a worker running the code that journaled the patch "
+                                "advances it; finish the deploy")
+            return
+        if saga.divergence != detail:
             log.error("flow_diverged", flow=spec.name, seq=run.divergence_seq,
                       detail=detail, held=True,
                       journaled=self._scrubbed(spec, saga, d.journaled) if d else None,
@@ -273,6 +281,7 @@ class Flows:
                       resolve=f"deploy code that replays the journal (a rollback, or "
                               f"s.patched(...)), then `sagaworker flows resume {saga_id}`; "
                               f"or `sagaworker abort {saga_id} --reason R` to compensate")
+        held(j, saga_id, detail, saga.last_seq)
         j.mark_advanced(saga_id, seen)
 
     def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int,

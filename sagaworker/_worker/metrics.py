@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 
 from .._base.errors import ConfigurationError
+from .._base.patches import PATCH_PREFIX
 from .._base.settings import metrics_exposure_problem
 from .._base.types import Phase, SagaStatus
 from .._journal.dialect import db_later, seconds_between
@@ -46,11 +47,13 @@ class JournalCollector(Collector):
     def collect(self) -> Iterator[Any]:
         eng = self.rt.journal.reader  # a read: on SQLite no write lock
         with eng.connect() as conn:
+            tools = ~entries.c.tool_name.startswith(PATCH_PREFIX)  # (a flow's patch marker)
             steps = conn.execute(select(entries.c.tool_name, entries.c.phase, func.count())
+                                 .where(tools)
                                  .group_by(entries.c.tool_name, entries.c.phase)).all()
             comps = conn.execute(select(entries.c.tool_name, entries.c.compensation,
                                         func.count())
-                                 .where(entries.c.compensation.is_not(None))
+                                 .where(entries.c.compensation.is_not(None), tools)
                                  .group_by(entries.c.tool_name, entries.c.compensation)).all()
             statuses: dict[str, int] = dict(conn.execute(select(sagas.c.status, func.count())
                                          .group_by(sagas.c.status)).all())

@@ -12,6 +12,7 @@ it cannot tell, and nothing is said.
 
 from __future__ import annotations
 
+import collections
 import sys
 import types
 from typing import Any
@@ -33,9 +34,11 @@ def reaches(app: Any, module: str) -> bool | None:
     if module in named or module == main:
         return True
     seen: set[str] = set()
-    todo: list[types.ModuleType] = [root, *(sys.modules[n] for n in named if n in sys.modules)]
-    while todo and len(seen) < _LIMIT:
-        mod = todo.pop()
+    todo = collections.deque([root, *(sys.modules[n] for n in named if n in sys.modules)])
+    while todo:  # breadth first: the app's own modules before the libraries they use
+        if len(seen) >= _LIMIT:
+            return None  # too many modules to tell
+        mod = todo.popleft()
         if mod.__name__ in seen:
             continue
         seen.add(mod.__name__)
@@ -46,7 +49,7 @@ def reaches(app: Any, module: str) -> bool | None:
                 value, "__module__", None)
             if isinstance(name, str) and name not in seen and name in sys.modules:
                 todo.append(sys.modules[name])
-    return module in seen
+    return False
 
 
 def _autodiscovers(app: Any) -> bool:

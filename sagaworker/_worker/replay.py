@@ -41,9 +41,13 @@ class _Diverged(BaseException):
     """The replay left its journal at step ``seq``: the journal holds ``journaled`` there,
     the code ``asked`` for something else (or did something else: ``detail`` says)."""
 
-    def __init__(self, seq: int, journaled: str, asked: str, detail: str) -> None:
+    def __init__(self, seq: int, journaled: str, asked: str, detail: str,
+                 newer: bool = False) -> None:
         super().__init__(detail)
         self.seq, self.journaled, self.asked, self.detail = seq, journaled, asked, detail
+        #: the journal holds a patch marker there that this code never asks for: written
+        #: by newer code (a rolling deploy), not a mistake of this code's
+        self.newer = newer
 
 
 @dataclass
@@ -143,9 +147,11 @@ class FlowContext:
 
     def _diverged(self, row: Any, asked: str, did: str) -> _Diverged:
         held = _describe(self._producer.rt, row)
+        change = patch_id(row.tool_name)
         return _Diverged(row.seq, held, asked,
                          f"flow diverged at step {row.seq}: the journal holds {held}, the "
-                         f"replay {did}")
+                         f"replay {did}", newer=change is not None
+                         and change not in self._patches)
 
     def gather(self, *handles: FlowHandle) -> Any:
         """The results of the handles' steps, in the order of the handles (a list; awaited

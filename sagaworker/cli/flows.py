@@ -83,9 +83,9 @@ def resume(c: Ctx, saga_id: str) -> None:
         sys.exit(1)
     if SagaStatus(row.status).terminal or row.status == SagaStatus.COMPENSATING.value \
             or row.fail_requested_at is not None:
-        click.echo(f"error: saga {visible(saga_id)!r} is {row.status} "
-                   f"({'failing' if row.fail_requested_at else 'finished'}): nothing to resume",
-                   err=True)
+        state = "finished" if SagaStatus(row.status).terminal else "failing"
+        click.echo(f"error: saga {visible(saga_id)!r} is {row.status} ({state}): nothing "
+                   "to resume", err=True)
         sys.exit(1)
     sw.rt.bus.send_advance(saga_id)
     if row.divergence is None:

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._base.jsonable import plain
+from .._base.patches import patch_id
 from .._base.types import (
     ApprovalRequest,
     EntryRecord,
@@ -187,8 +188,8 @@ def _phase(e: EntryRecord) -> str:
 
 
 def _outcome(e: EntryRecord) -> str:
-    if e.compensation is None:
-        return ""
+    if e.compensation is None or patch_id(e.tool_name) is not None:
+        return ""  # (a patch marker has nothing to undo)
     return f"[{_OUTCOME[e.compensation]}]{e.compensation.value}[/]"
 
 

@@ -19,7 +19,7 @@ from sagaworker import FlowContext, FlowDiverged, SagaStatus, Sagaworker, Settin
 from sagaworker._journal.dialect import db_later
 from sagaworker._journal.schema import sagas
 from sagaworker.testing import check_compensation
-from tests.unit.test_flow_sweeps import FlowBus, run_step
+from tests.unit.test_flow_sweeps import FlowBus, age, run_step
 
 #: the code the flows below run (a deploy changes it between replays)
 CODE = {"v": "1"}
@@ -59,6 +59,11 @@ def strict(s: FlowContext, n: int) -> list[int]:
     return versions(s, n)
 
 
+def only_a_patch(s: FlowContext) -> str:
+    """No step at all: a marker, then the return (the advance replays it again itself)."""
+    return "new" if s.patched("p") else "old"
+
+
 @pytest.fixture
 def sw(tmp_path: Path) -> Iterator[Sagaworker]:
     CODE["v"] = "1"
@@ -71,6 +76,7 @@ def sw(tmp_path: Path) -> Iterator[Sagaworker]:
     sw.flow()(versions)
     sw.flow()(patched_flow)
     sw.flow(on_divergence="compensate")(strict)
+    sw.flow()(only_a_patch)
     sw.rt.bus = FlowBus([])
     yield sw
 
@@ -255,3 +261,97 @@ def test_list_and_show_mark_a_held_saga(
     assert "sagaworker flows resume h-1" in r.output
     r = CliRunner().invoke(main, ["-A", "app", "show", "h-1", "--json"])
     assert json.loads(r.output)["diverged"].startswith("flow diverged at step 1")
+
+
+def _held(sw: Sagaworker, saga_id: str) -> None:
+    sw.start(saga_id, versions, 1)
+    sw.flows.advance(saga_id)
+    CODE["v"] = "2"
+    sw.flows.advance(saga_id)
+    assert sw.inspect(saga_id).diverged is not None
+
+
+def test_a_journal_newer_than_the_code_is_not_held(sw: Sagaworker) -> None:
+    """A rolling deploy: a worker on the new code journaled a patch marker; a worker still
+    on the old code replays the saga: it is not held nor paged, it waits for the new."""
+    CODE["v"] = "4"
+    sw.start("r-1", versions, 1)
+    sw.flows.advance("r-1")  # the marker, then plain(2)
+    CODE["v"] = "1"
+    with capture_logs() as logs:
+        sw.flows.advance("r-1")
+    assert sw.inspect("r-1").diverged is None
+    assert events(logs, "flow_diverged") == []
+    assert [e["seq"] for e in events(logs, "flow_newer_than_code")] == [1]
+    with pytest.raises(FlowDiverged):  # (flows check with the old code still names it)
+        testing.replay(sw, "r-1")
+
+
+def test_an_aborted_held_saga_is_no_longer_shown_held(sw: Sagaworker) -> None:
+    _held(sw, "a-1")
+    sw.abort("a-1", reason="gave up", actor="ops")
+    assert sw.inspect("a-1").diverged is None
+
+
+def test_a_marker_is_no_lost_advance_for_the_sweeper(sw: Sagaworker) -> None:
+    """A replay that journals [marker, step] records the marker as seen: the sweeper does
+    not take it for an outcome whose advance was lost."""
+    bus = sw.rt.bus
+    assert isinstance(bus, FlowBus)
+    CODE["v"] = "4"
+    sw.start("m-1", versions, 1)
+    sw.flows.advance("m-1")
+    age(sw, "m-1", 120)
+    bus.advances.clear()
+    sw.sweeper.sweep()
+    assert bus.advances == []
+
+
+def test_a_flow_of_nothing_but_a_patch_completes(sw: Sagaworker) -> None:
+    sw.start("p-1", only_a_patch)
+    sw.flows.advance("p-1")
+    rec = sw.inspect("p-1")
+    assert rec.status is SagaStatus.COMPLETED
+    assert [e.tool_name for e in rec.entries] == ["patch:p"]
+    assert sw.get("p-1").wait(timeout=1).value == "new"
+
+
+def test_flows_resume_hands_a_held_saga_to_the_workers(
+        sw: Sagaworker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bus = sw.rt.bus
+    assert isinstance(bus, FlowBus)
+    _held(sw, "h-2")
+    bus.advances.clear()
+    cli = _cli_app(tmp_path, monkeypatch, sw)
+    r = cli("resume", "h-2")
+    assert r.exit_code == 0 and "resumed h-2" in r.stdout
+    assert bus.advances == ["h-2"]
+    sw.abort("h-2", reason="gave up", actor="ops")
+    r = cli("resume", "h-2")
+    assert r.exit_code == 1 and "(failing): nothing to resume" in r.stderr
+
+
+def test_flows_check_names_an_unreadable_saga_and_checks_the_rest(
+        sw: Sagaworker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import text
+
+    for k in ("u-1", "u-2", "u-3"):
+        sw.start(k, versions, 1)
+        sw.flows.advance(k)
+    with sw.journal.engine.begin() as conn:
+        conn.execute(text("UPDATE sagaworker_sagas SET flow_args = '{not json' "
+                          "WHERE saga_id = 'u-2'"))
+    r = _cli_app(tmp_path, monkeypatch, sw)("check", "--json")
+    got = json.loads(r.stdout)
+    assert r.exit_code == 1 and got["checked"] == 3
+    assert [(f["saga_id"], f["kind"]) for f in got["findings"]] == [("u-2", "unreadable")]
+
+
+def test_the_import_walk_says_nothing_when_it_cannot_tell(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sagaworker._worker import reach
+
+    app = Celery("tests.unit.test_flow_changes")
+    assert reach.reaches(app, "tests.unit.test_flow_sweeps") is True
+    monkeypatch.setattr(reach, "_LIMIT", 1)
+    assert reach.reaches(app, "tests.unit.test_flow_sweeps") is None
