@@ -20,6 +20,7 @@ from .._base.errors import BadInput, SagaworkerError
 from .._base.patches import PatchMarker, patch_id
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
+from .._base.units import Unit, is_unit
 from .._journal.app_tx import AppTx
 from .._journal.machine import new_token, worker_label
 from .._journal.reads import Claiming
@@ -51,6 +52,10 @@ class Producer:
         return spec
 
     def prepare(self, tool: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> NewEntry:
+        if isinstance(tool, Unit):  # run by the replay that journals it: no message
+            return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
+                            args_digest=args_digest([tool.name], {}), queue=None,
+                            task_id=str(uuid.uuid4()), gated=False)
         if isinstance(tool, PatchMarker):  # a flow's patch marker: no tool, no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
                             args_digest=args_digest([], {}), queue=None,
@@ -174,6 +179,10 @@ class Producer:
         """A journaled step's log lines, and its publish unless it waits at a gate."""
         if e.marker:
             log.info("flow_patch_marked", saga_id=saga_id, seq=seq, patch=patch_id(e.tool_name))
+            return
+        if is_unit(e.tool_name):
+            log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
+                     task_id=e.task_id, unit=True)
             return
         log.info("step_intent", saga_id=saga_id, seq=seq, tool=e.tool_name,
                  task_id=e.task_id, **({"call_id": e.call_id} if e.call_id else {}),

@@ -15,6 +15,7 @@ import structlog
 
 from .._base.awaiting import settle
 from .._base.types import CompensationContext, OutcomeResult, SagaStatus
+from .._base.units import is_unit
 from .._journal.machine import Held, UndoClaim, UndoState, new_token
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
@@ -104,6 +105,8 @@ class Compensator:
     def _try(self, saga_id: str, st: UndoState, token: str) -> Outcome3 | None:
         """One try of one undo: its outcome, or None when it failed and will be retried."""
         rt, row = self.rt, st.row
+        if is_unit(row.tool_name):
+            return OutcomeResult.SKIPPED, "a durable unit (a model request): nothing to undo", 0
         spec = rt.registry.tool(row.tool_name)
         if spec is None:
             return (OutcomeResult.COMPENSATION_FAILED,

@@ -17,6 +17,7 @@ import structlog
 from sqlalchemy import and_, func, or_, select, update
 
 from .._base.types import OPEN_VALUES, EntryRecord, Phase, SagaStatus
+from .._base.units import is_unit
 from .._journal.dialect import aware, db_now
 from .._journal.raw_rows import opened, why_unreadable
 from .._journal.rows import entry_record
@@ -289,6 +290,10 @@ class Sweeper:
             if event:
                 log.warning(event, saga_id=r.saga_id, seq=r.seq, tool=r.tool_name,
                             task_id=r.task_id, resends=r.resends + 1)
+            if is_unit(r.tool_name):  # run by a flow's replay: its flow is advanced again
+                with tracing.within(r.trace_context):
+                    self.rt.bus.send_advance(r.saga_id)
+                continue
             with tracing.within(r.trace_context):  # a traced publish joins the saga's trace
                 publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs),
                         r.task_id, r.queue, retries=r.celery_retries)

@@ -200,7 +200,7 @@ class Flows:
         # traced: a child of the saga's start span, whichever message or worker advanced it
         with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
                           flow=spec.name) as s:
-            run = replay(self.rt, self.producer, spec, saga, rows)
+            run = replay(self.rt, self.producer, spec, saga, rows, live=True)
             # (no text of the flow's in the status: its reason may quote a secret)
             s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not run.ctx.from_journal(
                 run.error) else None)
@@ -225,7 +225,7 @@ class Flows:
             # that only waits on a running step or a gate records it alone
             if run.ctx.new:  # (a patch marker is an outcome the moment it is journaled)
                 seen += sum(isinstance(t, PatchMarker) for t, _, _ in run.ctx.new)
-                return self._journal_new(saga_id, run.ctx, saga.last_seq, seen, hold)
+                return self._journal_new(saga_id, run.ctx, run.ctx.last_seq, seen, hold)
             j.mark_advanced(saga_id, seen)
             return None
         if run.kind == "diverged":
@@ -249,7 +249,7 @@ class Flows:
             j.mark_advanced(saga_id, seen)
             return None  # an enqueued step still runs: its outcome advances the flow again
         try:
-            self.rt.machine.complete(saga_id, result=value, expect_seq=saga.last_seq)
+            self.rt.machine.complete(saga_id, result=value, expect_seq=run.ctx.last_seq)
         except SagaworkerError as exc:
             log.info("flow_not_completed", detail=str(exc))
             return None
@@ -281,7 +281,7 @@ class Flows:
                       resolve=f"deploy code that replays the journal (a rollback, or "
                               f"s.patched(...)), then `sagaworker flows resume {saga_id}`; "
                               f"or `sagaworker abort {saga_id} --reason R` to compensate")
-        held(j, saga_id, detail, saga.last_seq)
+        held(j, saga_id, detail, run.ctx.last_seq)
         j.mark_advanced(saga_id, seen)
 
     def _journal_new(self, saga_id: str, ctx: FlowContext, last_seq: int, seen: int,

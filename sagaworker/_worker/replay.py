@@ -9,8 +9,11 @@ the worker (``Flows``) and ``sagaworker.testing`` act on it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from .._base.awaiting import settle
@@ -18,11 +21,17 @@ from .._base.canonical import args_digest
 from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
+from .._base.units import Unit
+from .._journal.moves_base import Start, new_token, worker_label
 from .._journal.runtime import Runtime
 from .._observe.redact import redact_call
 from .._producer.producer import Producer
 
-__all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "replay"]
+__all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "current_flow", "replay"]
+
+#: the flow context of the replay running in this task (agents' durability reads it)
+current_flow: ContextVar[FlowContext | None] = ContextVar("sagaworker_flow", default=None)
+_PENDING = (Phase.INTENT.value, Phase.AWAITING_APPROVAL.value)
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,15 @@ class FlowContext:
     """What a flow function is handed: ``call``, ``enqueue``, ``gather``."""
 
     def __init__(self, saga_id: str, metadata: dict[str, Any], journal: list[Any],
-                 producer: Producer, is_async: bool = False) -> None:
+                 producer: Producer, is_async: bool = False, *, last_seq: int = 0,
+                 live: bool = False) -> None:
         self.saga_id = saga_id
+        #: the saga's last seq as this replay knows it (its own durable units move it on)
+        self.last_seq = last_seq
+        #: a worker's replay, which may journal and run durable units; else a read-only one
+        #: (``flows check``, ``sagaworker.testing``) that stops where a unit would run
+        self.live = live
+        self._runs: dict[str, int] = {}
         #: an ``async def`` flow's: ``call`` and ``gather`` are awaited
         self.is_async = is_async
         self.metadata = metadata
@@ -180,6 +196,84 @@ class FlowContext:
                     saga_id=self.saga_id, seq=row.seq, tool=row.tool_name))
         return out
 
+    async def unit(self, name: str, body: Callable[[], Awaitable[Any]]) -> Any:
+        """The journaled result of durable unit ``name`` at this position: ``body`` runs
+        here, once, in the replay that first reaches it (``_base.units``)."""
+        op = Unit(name)
+        pos = self._cursor
+        self._cursor += 1
+        if pos < len(self._journal):
+            row = self._journal[pos]
+            if row.tool_name != op.tool_name:
+                raise self._diverged(row, op.tool_name, f"asked for {op.tool_name}")
+            phase = Phase(row.phase)
+            if phase is Phase.EXECUTED and row.error is None:
+                return row.result
+            if phase is not Phase.INTENT:
+                return self._results((FlowHandle(pos),))  # (raises its failure)
+            if not self.live:
+                raise _Suspend()
+            # its claim lapsed, or never was: taken over (the row, as this replay sees it)
+            row = self._journal[pos] = SimpleNamespace(**dict(row._mapping))
+            return await self._run_unit(row, op, body, None)
+        if not self.live:
+            raise _Suspend()
+        return await self._run_unit(self._journal_unit(op), op, body, "claimed")
+
+    def _journal_unit(self, op: Unit) -> Any:
+        """Journal what this replay asked for so far, then the unit, held for this worker."""
+        markers = sum(isinstance(t, PatchMarker) for t, _, _ in self.new)
+        seen = sum(Phase(r.phase) not in _PENDING for r in self._journal) + markers
+        calls = [*self.new, (op, (), {})]
+        done = self._producer.enqueue(self.saga_id, calls, expect_seq=self.last_seq,
+                                      seen=seen, hold=lambda e: e.tool_name == op.tool_name)
+        if not done:
+            raise _Suspend()  # another replay journaled these first: it goes on
+        self.new.clear()
+        for seq, e in done:
+            phase = Phase.EXECUTED if e.marker else Phase.INTENT
+            self._journal.append(SimpleNamespace(
+                seq=seq, tool_name=e.tool_name, phase=phase.value, result=None, error=None,
+                args=e.args, kwargs=e.kwargs, args_digest=e.args_digest, claim=e.claim))
+        self.last_seq = done[-1][0]
+        return self._journal[-1]
+
+    async def _run_unit(self, row: Any, op: Unit, body: Callable[[], Awaitable[Any]],
+                        claimed: str | None) -> Any:
+        rt = self._producer.rt
+        claim = getattr(row, "claim", None) if claimed else None
+        if claim is not None and claim.done:
+            token = claim.token
+        else:
+            token = new_token()
+            got = rt.machine.claim_start(self.saga_id, row.seq, op.tool_name, token=token,
+                                         worker=worker_label(), idempotent=True, task_id=None)
+            if got.start is not Start.RUN:
+                raise _Suspend()  # run by another replay, or decided: the journal tells next
+        started = time.monotonic()
+        try:
+            payload = await body()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if rt.machine.failed(self.saga_id, row.seq, token, error) is not None:
+                rt.bus.send_failure(self.saga_id, f"step {row.seq} ({op.tool_name}) failed: "
+                                                  f"{error}")
+            raise self._journaled(ToolFailed(
+                f"step {row.seq} ({op.tool_name}) FAILED: {error}", saga_id=self.saga_id,
+                seq=row.seq, tool=op.tool_name)) from exc
+        done = rt.machine.executed(self.saga_id, row.seq, token, payload,
+                                   (time.monotonic() - started) * 1000)
+        if not done.applied:
+            raise _Suspend()  # fenced: another attempt holds it now
+        row.phase, row.result, row.error = Phase.EXECUTED.value, payload, None
+        return payload
+
+    def run_id(self, agent: str) -> str:
+        """A run id for an agent run of this flow, the same on every replay."""
+        n = self._runs.get(agent, 0)
+        self._runs[agent] = n + 1
+        return f"{self.saga_id}/{agent}/{n}"
+
     def _journaled(self, exc: ToolFailed) -> ToolFailed:
         self.journaled_failures.append(exc)
         return exc
@@ -230,13 +324,24 @@ class Replay:
 
 
 def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
-           rows: list[Any]) -> Replay:
+           rows: list[Any], *, live: bool = False) -> Replay:
     """Run the flow from the top against ``rows`` (what the worker's advance and
     ``sagaworker.testing`` both do). Asking for another tool or other arguments than the
     journal holds at a position, or returning or raising before asking for every
-    journaled step, is a divergence."""
+    journaled step, is a divergence. ``live``: a worker's replay, which runs the durable
+    units it reaches (and appends them to ``rows``); else one that writes nothing."""
     is_async = inspect.iscoroutinefunction(spec.fn)
-    ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer, is_async)
+    ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer, is_async,
+                      last_seq=saga.last_seq, live=live)
+    token = current_flow.set(ctx)
+    try:
+        return _run(rt, spec, saga, rows, ctx, is_async)
+    finally:
+        current_flow.reset(token)
+
+
+def _run(rt: Runtime, spec: FlowSpec, saga: Any, rows: list[Any], ctx: FlowContext,
+         is_async: bool) -> Replay:
     try:
         value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
         if is_async:  # on this thread's event loop, as an async tool runs

@@ -47,7 +47,9 @@ except ImportError:
     require("pydantic_ai", "pydantic-ai")  # not installed: ConfigurationError naming the extra
     raise  # installed, and yet a name is missing: an older Pydantic AI than the extra asks
 
-__all__ = ["SagaToolset", "toolset"]
+from ._pydantic_ai_durable import Durability, FlowToolset, flow_toolset
+
+__all__ = ["Durability", "FlowToolset", "SagaToolset", "flow_toolset", "toolset"]
 
 
 def toolset(saga: Saga, tools: Iterable[Any]) -> SagaToolset:

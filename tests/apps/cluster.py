@@ -224,6 +224,42 @@ async def async_steps(s: FlowContext, key: str, fail_at: int = 0,
     return out
 
 
+#: the durable trip agent (tests/integration/test_durable_agents.py), built with the tools
+AGENTS: dict[str, Any] = {}
+
+
+def trip_model(messages: list[Any], info: Any) -> Any:
+    """A scripted model for the durable trip: the prompt is ``key|card|voucher|slow``.
+    It books the hotel, charges the card, mails the voucher (when asked), then answers;
+    every request it serves is in the ledger (``model``, ``turn-N``), and with ``slow`` the
+    first request of turn 0 takes 30 s (a worker is killed in it)."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+
+    key, card, voucher, slow = str(messages[0].parts[-1].content).split("|")
+    turn = sum(isinstance(m, ModelResponse) for m in messages)
+    before = [r for r in rows(_url[0], key) if (r.kind, r.tool) == ("model", f"turn-{turn}")]
+    record(key, "model", f"turn-{turn}")
+    if slow == "slow" and turn == 0 and not before:
+        time.sleep(30)
+    plan: list[tuple[str, dict[str, Any]]] = [
+        ("book_hotel", {"key": key, "city": "Lisbon", "nights": 2}),
+        ("charge_card", {"key": key, "card": card, "amount_cents": 42000})]
+    if voucher == "voucher":
+        plan.append(("send_voucher", {"key": key, "email": "ana@example.com"}))
+    if turn < len(plan):
+        name, args = plan[turn]
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"call-{turn}")])
+    return ModelResponse(parts=[TextPart(f"trip booked for {key}")])
+
+
+async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bool = False,
+                       slow: bool = False) -> str:
+    """The trip agent run inside a flow (Pydantic AI with sagaworker's Durability)."""
+    result = await AGENTS["trip"].run(
+        f"{key}|{card}|{'voucher' if voucher else '-'}|{'slow' if slow else '-'}")
+    return str(result.output)
+
+
 def strict_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0
                  ) -> dict[str, Any]:
     """``three_steps``, declared ``on_divergence="compensate"``."""
@@ -290,7 +326,7 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
-         retried_later_flow, raises_its_own, versioned, async_steps)
+         retried_later_flow, raises_its_own, versioned, async_steps, durable_trip)
 
 
 def _end_with_the_test_run() -> None:
@@ -700,6 +736,18 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", "send_voucher", email=email)
         return f"voucher sent to {email}"
 
+    try:
+        from pydantic_ai import Agent
+        from pydantic_ai.models.function import FunctionModel
+
+        from sagaworker.agents import pydantic_ai as sw_agents
+    except ImportError:  # (the [agents] extra is not installed)
+        pass
+    else:
+        AGENTS["trip"] = Agent(FunctionModel(trip_model), name="trip",
+                               capabilities=[sw_agents.Durability(sw)],
+                               toolsets=[sw_agents.flow_toolset([book_hotel, charge_card,
+                                                                 send_voucher])])
     for flow in FLOWS:
         sw.flow()(flow)
     sw.flow(on_divergence="compensate")(strict_steps)

@@ -1,0 +1,43 @@
+"""Durable units: work a flow runs inline, in the worker that replays it, and journals.
+
+An agent framework's model request (or a function tool that is not an ``@sw.tool``) is a
+closure of the replay's own process: no other worker could run it from a message. The
+replay journals it as a step named ``unit:<name>`` (INTENT, claimed by the replaying
+worker), runs it, and journals its result (EXECUTED) before it goes on; a later replay
+returns the journaled result and never runs it again. A worker lost while it runs leaves
+the claim to lapse: the sweeper sends the flow's advance (never a message of its own: it
+has no task), and the replay that takes the claim over runs it again (a model request may
+be sent again), within SAGAWORKER_MAX_RERUNS. It has nothing to undo: its compensation is
+SKIPPED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import BadInput
+
+__all__ = ["UNIT_PREFIX", "Unit", "is_unit"]
+
+UNIT_PREFIX = "unit:"
+_MAX = 200 - len(UNIT_PREFIX)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit a flow's replay asks to journal before it runs it."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > _MAX:
+            raise BadInput(f"durable unit name {self.name!r}: give a non-empty string of at "
+                           f"most {_MAX} characters")
+
+    @property
+    def tool_name(self) -> str:
+        return UNIT_PREFIX + self.name
+
+
+def is_unit(tool_name: str) -> bool:
+    return tool_name.startswith(UNIT_PREFIX)

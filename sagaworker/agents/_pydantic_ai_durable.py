@@ -1,0 +1,190 @@
+"""Pydantic AI runs inside a flow, durable: a model request is never sent twice.
+
+Built on Pydantic AI's public durable-execution interface (``pydantic_ai.durable_exec``)
+as a journal engine: every operation Pydantic AI routes through the backend (a model
+request, a call of a function tool the agent holds) is a *durable unit* of the flow's
+saga (``FlowContext.unit``): journaled, run once in the worker replaying the flow, its
+result (Pydantic AI's own JSON encoding) returned from the journal by every later replay.
+The tools of :func:`flow_toolset` are ``@sw.tool`` steps instead, published to the
+workers as any flow step, with their undo, reversibility and gate: the replay stops at
+one without an outcome and the next one (on whichever worker) goes on from the journal.
+
+Outside a flow the capability changes nothing; a ``flow_toolset`` tool called outside a
+flow raises ``ConfigurationError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._base.errors import ConfigurationError
+from .._base.registry import ToolSpec
+from .._worker.replay import FlowContext, _Diverged, _Suspend, current_flow
+
+try:
+    from pydantic_ai import RunContext, Tool
+    from pydantic_ai.durable_exec import (
+        JSON_CODEC,
+        BaseDurabilityCapability,
+        DurabilityEngineSpec,
+        DurableOperationId,
+        JournalCallableOperationBackend,
+        RoleBasedOperationConfig,
+        conversation_id_from_run_id,
+    )
+    from pydantic_ai.models import Model
+    from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool
+except ImportError:
+    from ._core import require
+
+    require("pydantic_ai.durable_exec", "pydantic-ai")
+    raise
+
+__all__ = ["Durability", "FlowToolset", "flow_toolset"]
+
+
+def _flow(what: str) -> FlowContext:
+    ctx = current_flow.get()
+    if ctx is None:
+        raise ConfigurationError(
+            f"{what} runs inside a flow only: call the agent from an async @sw.flow() "
+            "function started with sw.start(...)")
+    if not ctx.is_async:
+        raise ConfigurationError(
+            f"{what} needs an async flow: declare it `async def` and `await agent.run(...)`")
+    return ctx
+
+
+class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
+    """Each operation, inside a flow, is one durable unit of the flow's saga."""
+
+    async def execute(self, *, operation_id: DurableOperationId, name: str,
+                      body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
+                      config: dict[str, Any]) -> object:
+        ctx = current_flow.get()
+        if ctx is None:
+            return await body()
+        return await ctx.unit(name, body)
+
+
+class Durability(BaseDurabilityCapability[Any]):
+    """Pydantic AI's durability capability for sagaworker flows: model requests and the
+    agent's function tools are journaled units of the flow's saga (sent, or run, once),
+    ``flow_toolset`` tools are saga steps with their undo and gate."""
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name="sagaworker",
+        durable_unit_noun="step",
+        durable_container_noun="flow",
+        codec=JSON_CODEC,  # the journal holds JSON
+        wrapped_toolset_kinds=frozenset({"function"}),
+        toolset_lifecycles={"function": "enter-always", "mcp": "enter-always",
+                            "dynamic": "enter-never"},
+        unsupported_runtime_toolset_kinds=frozenset({"mcp", "dynamic"}),
+        journal_discovery=False,  # a function toolset lists its tools the same every replay
+        control_flow_error_types=(_Suspend,),  # the replay stops at a step without outcome
+        nondeterminism_error_types=(_Diverged,),
+    )
+
+    def __init__(self, sw: Any, *, name: str | None = None,
+                 models: Mapping[str, Model] | None = None) -> None:
+        super().__init__(models=models, name=name)
+        self.sw = sw
+
+    @property
+    def in_durable_context(self) -> bool:
+        return current_flow.get() is not None
+
+    def get_default_run_id(self) -> str | None:
+        ctx = current_flow.get()
+        return None if ctx is None else ctx.run_id(self.name or "agent")
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        return conversation_id_from_run_id(run_id) if self.in_durable_context else None
+
+    def get_durable_operation_backend(self) -> _Backend:
+        return _Backend(agent_name=self.name, default_model_id=self.default_model_id,
+                        config=RoleBasedOperationConfig(model={}, event={}, capability={},
+                                                        tool={}))
+
+
+def flow_toolset(tools: Iterable[Any]) -> FlowToolset:
+    """A Pydantic AI toolset of ``@sw.tool`` functions whose calls, inside a flow, are steps
+    of the flow's saga (named and described as the tools are: section on agents)."""
+    specs: list[ToolSpec] = []
+    names: dict[str, str] = {}
+    for t in tools:
+        spec = _spec_of(t)
+        name = spec.fn.__name__
+        if names.get(name, spec.name) != spec.name:
+            raise ConfigurationError(
+                f"two tools are named {name!r} ({names[name]} and {spec.name}); a model calls "
+                "tools by name: hand one of them to this agent")
+        names[name] = spec.name
+        specs.append(spec)
+    if not specs:
+        raise ConfigurationError("no tools given: pass the @sw.tool functions the agent may call")
+    schemas: FunctionToolset[Any] = FunctionToolset(
+        [Tool(s.fn, takes_ctx=False, name=s.fn.__name__) for s in specs])
+    return FlowToolset(specs, schemas)
+
+
+def _spec_of(tool: Any) -> ToolSpec:
+    spec = getattr(tool, "sagaworker_spec", None)
+    if not isinstance(spec, ToolSpec):
+        raise ConfigurationError(f"{tool!r} is not a sagaworker tool: decorate it with "
+                                 "@sw.tool(...) and pass the decorated function")
+    return spec
+
+
+@dataclass
+class FlowToolset(AbstractToolset[Any]):
+    """A leaf toolset (Pydantic AI's durability leaves it to us): its schemas come from
+    the tools' functions, its calls become steps of the running flow's saga."""
+
+    specs: list[ToolSpec]
+    schemas: FunctionToolset[Any]
+    by_name: dict[str, ToolSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_name = {s.fn.__name__: s for s in self.specs}
+
+    @property
+    def id(self) -> str | None:
+        return None
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await self.schemas.get_tools(ctx)
+        return {n: _mine(t, self) for n, t in tools.items()}
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        spec = self.by_name.get(name)
+        if spec is None:
+            raise ConfigurationError(f"no tool {name!r} in this toolset")
+        flow = _flow(f"flow_toolset tool {name!r}")
+        args, kwargs = _split(spec, tool_args)
+        return await flow.call(spec.name, *args, **kwargs)
+
+
+def _mine(tool: ToolsetTool[Any], owner: FlowToolset) -> ToolsetTool[Any]:
+    from dataclasses import replace
+
+    return replace(tool, toolset=owner)
+
+
+def _split(spec: ToolSpec, validated: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The model's arguments as the tool's own call: positional parameters in order."""
+    kwargs = dict(validated)
+    args: list[Any] = []
+    for p in inspect.signature(spec.fn).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            args.extend(kwargs.pop(p.name, ()))
+            break
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name not in kwargs:
+            break
+        args.append(kwargs.pop(p.name))
+    return args, kwargs

@@ -1,0 +1,93 @@
+"""Durable agent runs through real worker processes on PostgreSQL and a real broker: a
+Pydantic AI agent inside a flow (``Durability``, ``flow_toolset``) whose model requests
+and tool calls are journaled steps. A scripted model (``tests.apps.cluster.trip_model``)
+writes every request it serves to the ledger, so the tests count the turns sent."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from sagaworker import OutcomeResult, Phase, SagaStatus
+from tests.apps.cluster import durable_trip
+from tests.conftest import Cluster, uid, wait_for
+
+pytest.importorskip("pydantic_ai")
+pytestmark = pytest.mark.services
+T = 60
+UNIT = "unit:trip__model.request"
+
+
+def turns(c: Cluster, key: str) -> list[str]:
+    return [r.tool for r in c.ledger(key) if r.kind == "model"]
+
+
+def effects(c: Cluster, key: str) -> list[str]:
+    return [r.tool for r in c.ledger(key) if r.kind == "effect"]
+
+
+def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> None:
+    """Each model turn is a journaled step: the replays after each tool step read the
+    turns before it from the journal (three requests for two tools, not six)."""
+    c, key = crash_cluster, uid("ag")
+    res = c.sw.start(key, durable_trip, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert res.value == f"trip booked for {key}"
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+    assert [e.tool_name for e in c.sw.inspect(key).entries] == [
+        UNIT, "tests.apps.cluster.book_hotel", UNIT, "tests.apps.cluster.charge_card", UNIT]
+
+
+def test_a_worker_killed_during_a_model_request_is_resumed_without_repeating_a_turn(
+        crash_cluster: Cluster) -> None:
+    """SIGKILL of the process sending the first model request: the sweeper hands the
+    flow to another process, which sends that request again (it has no journaled
+    response) and no other; every tool runs once."""
+    c, key = crash_cluster, uid("ag")
+    saga = c.sw.start(key, durable_trip, key, slow=True)
+    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 1)) is not None
+                   and r.started_at is not None and r, T, "the model request to start")
+    wait_for(lambda: turns(c, key) == ["turn-0"], T, "the model to be asked")
+    pid = int(row.worker.rpartition("|")[2])
+    os.kill(pid, signal.SIGKILL)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the kill hit the process that held the request
+    assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+
+
+def test_a_declined_card_cancels_the_hotel(crash_cluster: Cluster) -> None:
+    """The charge FAILS: the saga compensates whatever the agent would do next; the
+    hotel's undo runs, the model turns have nothing to undo."""
+    c, key = crash_cluster, uid("ag")
+    res = c.sw.start(key, durable_trip, key, card="declined").wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["book_hotel"]
+    assert [(o.tool_name, o.result) for o in res.report.outcomes] == [
+        (UNIT, OutcomeResult.SKIPPED), ("tests.apps.cluster.book_hotel",
+                                        OutcomeResult.COMPENSATED),
+        (UNIT, OutcomeResult.SKIPPED)]
+    assert turns(c, key) == ["turn-0", "turn-1"]
+
+
+def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
+        crash_cluster: Cluster) -> None:
+    """The voucher waits at its gate; every worker stops; a new one, after the signed
+    approval, finishes the run from the journal: no model turn repeated."""
+    c, key = crash_cluster, uid("ag")
+    saga = c.sw.start(key, durable_trip, key, voucher=True)
+    req = wait_for(lambda: next((p for p in c.sw.pending_approvals() if p.saga_id == key),
+                                None), T, "the voucher's gate")
+    c.stop_workers()
+    c.start_worker()
+    c.sw.approve(req.token, approver="alice")
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2", "turn-3"]
+    assert effects(c, key) == ["book_hotel", "charge_card", "send_voucher"]
+    assert [e.phase for e in c.sw.inspect(key).entries] == [Phase.EXECUTED] * 7
