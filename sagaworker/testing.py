@@ -41,6 +41,7 @@ from sqlalchemy import update
 
 from ._base.patches import patch_id
 from ._base.types import ENVELOPE, SagaResult, SagaStatus
+from ._base.units import is_unit
 from ._journal.dialect import db_later, make_engine
 from ._journal.repository import Journal
 from ._journal.schema import entries
@@ -321,8 +322,9 @@ def check_compensation(sw: Sagaworker, work: Callable[..., Any] | str, /, *args:
         dry = run(f"harness-dry-{uuid.uuid4().hex[:8]}")
         _assert_replays(sw, plan, dry.saga_id, "the run with no failure")
         assert dry.status is SagaStatus.COMPLETED, f"the work did not complete: {dry.error}"
-        # the tool steps (a flow's patch markers run nothing: never failed, never undone)
-        steps = [e for e in sw.inspect(dry.saga_id).entries if patch_id(e.tool_name) is None]
+        # the tool steps (a flow's patch markers and durable units, such as an agent's model
+        # requests, are no tool: never failed here, never undone)
+        steps = [e for e in sw.inspect(dry.saga_id).entries if _is_tool(e.tool_name)]
         for mode in ([False, True] if crash else [False]):
             for k, entry in enumerate(steps, start=1):
                 plan.calls.clear()
@@ -337,6 +339,10 @@ def check_compensation(sw: Sagaworker, work: Callable[..., Any] | str, /, *args:
                 cases.append(case)
         plan.fail_at = None
     return cases
+
+
+def _is_tool(name: str) -> bool:
+    return patch_id(name) is None and not is_unit(name)
 
 
 def _assert_replays(sw: Sagaworker, plan: _Plan, saga_id: str, where: str) -> None:
@@ -373,7 +379,7 @@ def _assert_case(sw: Sagaworker, case: CompensationCase, steps: list[Any],
             expected_undos.append(f"{undo.module}.{undo.name}")
     assert case.undos_run == expected_undos, (
         f"{where}: undos ran {case.undos_run}, expected {expected_undos} (strict reverse)")
-    outcome_seqs = [o.seq for o in case.result.report.outcomes]
+    outcome_seqs = [o.seq for o in case.result.report.outcomes if _is_tool(o.tool_name)]
     assert outcome_seqs == [e.seq for e in reversed(steps[: case.seq - 1])], (
         f"{where}: outcomes for steps {outcome_seqs}")
     if case.crashed:

@@ -252,10 +252,24 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     return ModelResponse(parts=[TextPart(f"trip booked for {key}")])
 
 
+def _trip_agent() -> Any:
+    if "trip" not in AGENTS:
+        from pydantic_ai import Agent
+        from pydantic_ai.models.function import FunctionModel
+
+        from sagaworker.agents import pydantic_ai as sw_agents
+
+        sw, tools = AGENTS["tools"]
+        AGENTS["trip"] = Agent(FunctionModel(trip_model), name="trip",
+                               capabilities=[sw_agents.Durability(sw)],
+                               toolsets=[sw_agents.flow_toolset(tools)])
+    return AGENTS["trip"]
+
+
 async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bool = False,
                        slow: bool = False) -> str:
     """The trip agent run inside a flow (Pydantic AI with sagaworker's Durability)."""
-    result = await AGENTS["trip"].run(
+    result = await _trip_agent().run(
         f"{key}|{card}|{'voucher' if voucher else '-'}|{'slow' if slow else '-'}")
     return str(result.output)
 
@@ -736,18 +750,10 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         record(key, "effect", "send_voucher", email=email)
         return f"voucher sent to {email}"
 
-    try:
-        from pydantic_ai import Agent
-        from pydantic_ai.models.function import FunctionModel
-
-        from sagaworker.agents import pydantic_ai as sw_agents
-    except ImportError:  # (the [agents] extra is not installed)
-        pass
-    else:
-        AGENTS["trip"] = Agent(FunctionModel(trip_model), name="trip",
-                               capabilities=[sw_agents.Durability(sw)],
-                               toolsets=[sw_agents.flow_toolset([book_hotel, charge_card,
-                                                                 send_voucher])])
+    # the durable trip agent is built on its first run (Pydantic AI is a slow import that
+    # every other test's worker would pay for)
+    AGENTS.clear()
+    AGENTS["tools"] = (sw, [book_hotel, charge_card, send_voucher])
     for flow in FLOWS:
         sw.flow()(flow)
     sw.flow(on_divergence="compensate")(strict_steps)
