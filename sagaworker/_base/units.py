@@ -14,10 +14,11 @@ SKIPPED.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import BadInput
 
-__all__ = ["UNIT_PREFIX", "Unit", "is_unit"]
+__all__ = ["UNIT_PREFIX", "Unit", "is_unit", "model_turn", "turn_line"]
 
 UNIT_PREFIX = "unit:"
 _MAX = 200 - len(UNIT_PREFIX)
@@ -41,3 +42,23 @@ class Unit:
 
 def is_unit(tool_name: str) -> bool:
     return tool_name.startswith(UNIT_PREFIX)
+
+
+def model_turn(tool_name: str, result: Any) -> dict[str, Any] | None:
+    """A durable unit that holds a model's response, as people read it: the model, the
+    tokens it reports, the tools it asked for (None for any other step)."""
+    if not is_unit(tool_name) or not isinstance(result, dict) or "model_name" not in result:
+        return None
+    found_usage, found_parts = result.get("usage"), result.get("parts")
+    usage: dict[str, Any] = found_usage if isinstance(found_usage, dict) else {}
+    parts: list[Any] = found_parts if isinstance(found_parts, list) else []
+    return {"model": result.get("model_name"), "input_tokens": usage.get("input_tokens"),
+            "output_tokens": usage.get("output_tokens"),
+            "asks": [p.get("tool_name") for p in parts
+                     if isinstance(p, dict) and p.get("part_kind") == "tool-call"]}
+
+
+def turn_line(turn: dict[str, Any]) -> str:
+    asks = ", ".join(str(a) for a in turn["asks"]) or "no tool (its answer)"
+    return (f"model {turn['model']} · tokens in/out {turn['input_tokens']}/"
+            f"{turn['output_tokens']} · asks {asks}")

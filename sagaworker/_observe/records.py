@@ -14,6 +14,7 @@ from typing import Any
 from .._base.canonical import canonical_args
 from .._base.jsonable import plain
 from .._base.types import ApprovalRequest, EntryRecord, Phase, SagaRecord, SagaResult
+from .._base.units import model_turn
 from .process import (
     redact_keys,
     signature_of,
@@ -194,4 +195,8 @@ def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, 
     step = waiting_step(rec)
     d["waiting_on"] = None if step is None else {
         "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
+    for e, out in zip(rec.entries, d["entries"], strict=True):
+        turn = model_turn(e.tool_name, e.result)
+        if turn is not None:  # an agent's model request: its model, tokens, tools asked
+            out["model_turn"] = turn
     return d

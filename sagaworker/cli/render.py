@@ -22,6 +22,7 @@ from .._base.types import (
     SagaRecord,
     SagaStatus,
 )
+from .._base.units import model_turn, turn_line
 from .._journal.raw_rows import UnreadableSaga
 from .._observe.records import Redaction, saga_json, waiting_step
 from .._observe.visible import visible
@@ -164,7 +165,9 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
     t = _Grid(("seq", "tool", "phase", "args", "result / error", "attempts", "undo",
                "undo tries"), title="journal")
     for e in rec.entries:
+        turn = model_turn(e.tool_name, e.result)
         t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), _cell([e.args, e.kwargs]),
+                  _cell(turn_line(turn)) if turn is not None else
                   _cell(e.result) if e.phase is Phase.EXECUTED else _cell(e.error or ""),
                   str(e.attempts), _outcome(e), str(e.compensation_attempts or ""))
     t.print()

@@ -22,6 +22,7 @@ from sagaworker import (
     SagaRecord,
     SagaStatus,
 )
+from sagaworker._base.units import model_turn, turn_line
 from sagaworker._observe.records import waiting_step
 from sagaworker._observe.visible import visible
 
@@ -191,6 +192,8 @@ def register_filters(app: Any) -> None:
     app.jinja_env.finalize = _shown
     app.jinja_env.filters.update(tool=_short_tool, when=_when, ago=_ago, js=_js,
                                  args=_args, css=_css, segment=_segment,
-                                 sh=shlex.quote)  # a command to copy: the id one argument
+                                 sh=shlex.quote,  # a command to copy: the id one argument
+                                 model_turn=lambda e: model_turn(e.tool_name, e.result),
+                                 turn_line=turn_line)
     app.jinja_env.globals.update(Phase=Phase, SagaStatus=SagaStatus)
     app.context_processor(lambda: {"now": datetime.now(UTC)})

@@ -11,10 +11,12 @@ import signal
 import pytest
 
 from sagaworker import OutcomeResult, Phase, SagaStatus
+from sagaworker._observe.records import saga_json
 from tests.apps.cluster import durable_trip
 from tests.conftest import Cluster, uid, wait_for
 
 pytest.importorskip("pydantic_ai")
+create_app = pytest.importorskip("sagaworker.web").create_app
 pytestmark = pytest.mark.services
 T = 60
 UNIT = "unit:trip__model.request"
@@ -39,6 +41,14 @@ def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> Non
     assert effects(c, key) == ["book_hotel", "charge_card"]
     assert [e.tool_name for e in c.sw.inspect(key).entries] == [
         UNIT, "tests.apps.cluster.book_hotel", UNIT, "tests.apps.cluster.charge_card", UNIT]
+    # shown: each model turn with its model, tokens and the tools it asked for
+    turns_shown = [e.get("model_turn") for e in saga_json(c.sw.inspect(key))["entries"]]
+    assert [t and t["asks"] for t in turns_shown] == [
+        ["book_hotel"], None, ["charge_card"], None, []]
+    assert turns_shown[0]["model"] == "function:trip_model:"
+    assert turns_shown[0]["input_tokens"] > 0 and turns_shown[0]["output_tokens"] > 0
+    page = create_app(c.sw).test_client().get(f"/ui/sagas/{key}")
+    assert "asks book_hotel" in page.get_data(as_text=True)
 
 
 def test_a_worker_killed_during_a_model_request_is_resumed_without_repeating_a_turn(
