@@ -62,7 +62,9 @@ from agents.tool import (  # noqa: E402
 )
 from agents.tool_context import ToolContext  # noqa: E402
 
-__all__ = ["tools"]
+from ._openai_durable import flow_tools, run  # noqa: E402
+
+__all__ = ["flow_tools", "run", "tools"]
 
 
 class _SdkDefault:

@@ -7,6 +7,7 @@ written by the tools themselves, so the tests check what really happened.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -241,11 +242,7 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     record(key, "model", f"turn-{turn}")
     if slow == "slow" and turn == 0 and not before:
         time.sleep(30)
-    plan: list[tuple[str, dict[str, Any]]] = [
-        ("book_hotel", {"key": key, "city": "Lisbon", "nights": 2}),
-        ("charge_card", {"key": key, "card": card, "amount_cents": 42000})]
-    if voucher == "voucher":
-        plan.append(("send_voucher", {"key": key, "email": "ana@example.com"}))
+    plan = _trip_plan(key, card, voucher)
     if turn < len(plan):
         name, args = plan[turn]
         return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"call-{turn}")])
@@ -272,6 +269,76 @@ async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bo
     result = await _trip_agent().run(
         f"{key}|{card}|{'voucher' if voucher else '-'}|{'slow' if slow else '-'}")
     return str(result.output)
+
+
+def _trip_plan(key: str, card: str, voucher: str) -> list[tuple[str, dict[str, Any]]]:
+    plan: list[tuple[str, dict[str, Any]]] = [
+        ("book_hotel", {"key": key, "city": "Lisbon", "nights": 2}),
+        ("charge_card", {"key": key, "card": card, "amount_cents": 42000})]
+    if voucher == "voucher":
+        plan.append(("send_voucher", {"key": key, "email": "ana@example.com"}))
+    return plan
+
+
+def _oai_trip_agent() -> Any:
+    """The same trip for the OpenAI Agents SDK: a scripted ``Model`` (the turn is the number
+    of tool outputs it was shown), run with ``sagaworker.agents.openai_agents.run``."""
+    if "oai" not in AGENTS:
+        from agents import Agent, Model, ModelResponse, Usage, set_tracing_disabled
+        from openai.types.responses import (
+            ResponseFunctionToolCall,
+            ResponseOutputMessage,
+            ResponseOutputText,
+        )
+
+        from sagaworker.agents import openai_agents as sw_oai
+
+        set_tracing_disabled(True)
+
+        class Scripted(Model):
+            async def get_response(self, system_instructions: Any, input: Any,
+                                   *args: Any, **kwargs: Any) -> Any:
+                items = [input] if isinstance(input, str) else list(input)
+                first = items[0] if isinstance(items[0], str) else items[0]["content"]
+                key, card, voucher, slow = str(first).split("|")
+                turn = sum(1 for i in items if isinstance(i, dict)
+                           and i.get("type") == "function_call_output")
+                before = [r for r in rows(_url[0], key)
+                          if (r.kind, r.tool) == ("model", f"turn-{turn}")]
+                record(key, "model", f"turn-{turn}")
+                if slow == "slow" and turn == 0 and not before:
+                    await asyncio.sleep(30)
+                plan = _trip_plan(key, card, voucher)
+                if turn < len(plan):
+                    name, args = plan[turn]
+                    out: list[Any] = [ResponseFunctionToolCall(
+                        id=f"fc-{turn}", call_id=f"call-{turn}", type="function_call",
+                        name=name, arguments=json.dumps(args))]
+                else:
+                    out = [ResponseOutputMessage(
+                        id="msg", type="message", role="assistant", status="completed",
+                        content=[ResponseOutputText(text=f"trip booked for {key}",
+                                                    type="output_text", annotations=[],
+                                                    logprobs=[])])]
+                return ModelResponse(output=out, usage=Usage(requests=1, input_tokens=10,
+                                                             output_tokens=3), response_id=None)
+
+            def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError
+
+        _, tools = AGENTS["tools"]
+        AGENTS["oai"] = Agent(name="trip", model=Scripted(), tools=sw_oai.flow_tools(tools))
+    return AGENTS["oai"]
+
+
+async def durable_trip_oai(s: FlowContext, key: str, card: str = "visa",
+                           slow: bool = False) -> str:
+    """The trip agent of the OpenAI Agents SDK run inside a flow."""
+    from sagaworker.agents import openai_agents as sw_oai
+
+    result = await sw_oai.run(_oai_trip_agent(),
+                              f"{key}|{card}|-|{'slow' if slow else '-'}")
+    return str(result.final_output)
 
 
 def strict_steps(s: FlowContext, key: str, fail_at: int = 0, sleep: float = 0.0
@@ -340,7 +407,8 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
 
 FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
-         retried_later_flow, raises_its_own, versioned, async_steps, durable_trip)
+         retried_later_flow, raises_its_own, versioned, async_steps, durable_trip,
+         durable_trip_oai)
 
 
 def _end_with_the_test_run() -> None:

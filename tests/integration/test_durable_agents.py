@@ -12,7 +12,7 @@ import pytest
 
 from sagaworker import OutcomeResult, Phase, SagaStatus
 from sagaworker._observe.records import saga_json
-from tests.apps.cluster import durable_trip
+from tests.apps.cluster import durable_trip, durable_trip_oai
 from tests.conftest import Cluster, uid, wait_for
 
 pytest.importorskip("pydantic_ai")
@@ -101,3 +101,44 @@ def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2", "turn-3"]
     assert effects(c, key) == ["book_hotel", "charge_card", "send_voucher"]
     assert [e.phase for e in c.sw.inspect(key).entries] == [Phase.EXECUTED] * 7
+
+
+# -- the OpenAI Agents SDK: sagaworker.agents.openai_agents.run with flow_tools ----------------
+
+
+
+def test_an_openai_agents_run_sends_each_model_turn_once(crash_cluster: Cluster) -> None:
+    c, key = crash_cluster, uid("oa")
+    res = c.sw.start(key, durable_trip_oai, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert res.value == f"trip booked for {key}"
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+    shown = [e.get("model_turn") for e in saga_json(c.sw.inspect(key))["entries"]]
+    assert [t and (t["asks"], t["input_tokens"]) for t in shown] == [
+        (["book_hotel"], 10), None, (["charge_card"], 10), None, ([], 10)]
+
+
+def test_an_openai_agents_run_killed_mid_request_resumes_without_repeating_a_turn(
+        crash_cluster: Cluster) -> None:
+    c, key = crash_cluster, uid("oa")
+    saga = c.sw.start(key, durable_trip_oai, key, slow=True)
+    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 1)) is not None
+                   and r.started_at is not None and r, T, "the model request to start")
+    wait_for(lambda: turns(c, key) == ["turn-0"], T, "the model to be asked")
+    pid = int(row.worker.rpartition("|")[2])
+    os.kill(pid, signal.SIGKILL)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+
+
+def test_an_openai_agents_run_whose_card_is_declined_cancels_the_hotel(
+        crash_cluster: Cluster) -> None:
+    c, key = crash_cluster, uid("oa")
+    res = c.sw.start(key, durable_trip_oai, key, card="declined").wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["book_hotel"]

@@ -92,3 +92,31 @@ def test_a_durable_agent_flow_compensates_its_tools_in_reverse(sw: Sagaworker) -
     cases = check_compensation(sw, trip)
     assert [c.tool for c in cases] == ["tests.unit.test_durable_agents.book",
                                        "tests.unit.test_durable_agents.pay"]
+
+
+def test_openai_agents_run_outside_a_flow_is_runner_run(sw: Sagaworker) -> None:
+    """Outside a flow: the SDK's own Runner.run; a flow tool refuses to run there."""
+    pytest.importorskip("agents")
+    from agents import Agent as OaiAgent
+    from agents import Model, ModelResponse, Usage, set_tracing_disabled
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
+    from sagaworker.agents import openai_agents as sw_oai
+
+    set_tracing_disabled(True)
+
+    class Says(Model):
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            SENT.append(0)
+            return ModelResponse(output=[ResponseOutputMessage(
+                id="m", type="message", role="assistant", status="completed",
+                content=[ResponseOutputText(text="hi", type="output_text", annotations=[],
+                                            logprobs=[])])], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    result = asyncio.run(sw_oai.run(OaiAgent(name="a", model=Says()), "hello"))
+    assert result.final_output == "hi" and SENT == [0]
+    with pytest.raises(ConfigurationError, match="not a sagaworker tool"):
+        sw_oai.flow_tools([book])

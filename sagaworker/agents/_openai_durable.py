@@ -1,0 +1,149 @@
+"""OpenAI Agents SDK runs inside a flow, durable: a model request is never sent twice.
+
+``run(agent, input, **kwargs)`` is ``Runner.run`` with every model the run uses wrapped,
+inside a flow, so that each request is a durable unit of the flow's saga (journaled, sent
+once, its response read from the journal by every later replay): the same model-provider
+seam Temporal's integration turns into activities. ``flow_tools(tools)`` are the
+``@sw.tool`` functions as the SDK's ``FunctionTool``s whose calls are steps of the flow's
+saga (undo, reversibility, gate: a gated call waits at its gate with no process).
+Outside a flow ``run`` is ``Runner.run``, and a ``flow_tools`` tool raises
+``ConfigurationError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from .._base.errors import ConfigurationError
+from .._base.registry import ToolSpec
+from .._worker.replay import current_flow
+from ._core import require
+
+require("agents", "openai-agents")
+
+from agents import (  # noqa: E402
+    Agent,
+    FunctionTool,
+    Model,
+    ModelProvider,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
+)
+from agents.function_schema import function_schema  # noqa: E402
+from agents.items import ModelResponse, TResponseOutputItem  # noqa: E402
+from agents.models.multi_provider import MultiProvider  # noqa: E402
+from agents.usage import Usage  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+__all__ = ["flow_tools", "run"]
+
+_OUTPUT: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
+_USAGE: TypeAdapter[Usage] = TypeAdapter(Usage)
+
+
+def _dump(r: ModelResponse) -> dict[str, Any]:
+    """A response as the journal holds it (JSON), in the shape ``model_turn`` reads."""
+    return {"model_name": "openai-agents", "parts": [
+        {"part_kind": "tool-call", "tool_name": getattr(o, "name", None)}
+        for o in r.output if getattr(o, "type", None) == "function_call"],
+        "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
+        "response": {"output": _OUTPUT.dump_python(r.output, mode="json"),
+                     "usage": _USAGE.dump_python(r.usage, mode="json"),
+                     "response_id": r.response_id}}
+
+
+def _load(payload: dict[str, Any]) -> ModelResponse:
+    data = payload["response"]
+    return ModelResponse(output=_OUTPUT.validate_python(data["output"]),
+                         usage=_USAGE.validate_python(data["usage"]),
+                         response_id=data.get("response_id"))
+
+
+class _JournaledModel(Model):
+    """A model whose requests, inside a flow, are durable units of its saga."""
+
+    def __init__(self, inner: Model, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        ctx = current_flow.get()
+        if ctx is None:
+            return await self.inner.get_response(*args, **kwargs)
+
+        async def body() -> dict[str, Any]:
+            return _dump(await self.inner.get_response(*args, **kwargs))
+
+        payload = await ctx.unit(f"{self.name}__model.request", body)
+        return _load(payload)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        if current_flow.get() is not None:
+            raise ConfigurationError("a streamed run is not durable: inside a flow, use "
+                                     "sagaworker.agents.openai_agents.run(agent, input)")
+        return self.inner.stream_response(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class _Provider(ModelProvider):
+    inner: ModelProvider
+    agent: str
+
+    def get_model(self, model_name: str | None) -> Model:
+        return _JournaledModel(self.inner.get_model(model_name), self.agent)
+
+
+async def run(agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
+    """``Runner.run(agent, input, **kwargs)``; inside a flow, each model request is a
+    journaled step of the flow's saga, sent once across every replay and worker."""
+    ctx = current_flow.get()
+    if ctx is None:
+        return await Runner.run(agent, input, **kwargs)
+    if not ctx.is_async:
+        raise ConfigurationError("sagaworker.agents.openai_agents.run needs an async flow: "
+                                 "declare it `async def` and await run(...)")
+    config: RunConfig = kwargs.pop("run_config", None) or RunConfig()
+    name = agent.name or "agent"
+    model = config.model
+    config = dataclasses.replace(
+        config, model_provider=_Provider(config.model_provider or MultiProvider(), name),
+        model=_JournaledModel(model, name) if isinstance(model, Model) else model)
+    if isinstance(agent.model, Model):
+        agent = agent.clone(model=_JournaledModel(agent.model, name))
+    return await Runner.run(agent, input, run_config=config, **kwargs)
+
+
+def flow_tools(tools: Iterable[Any]) -> list[FunctionTool]:
+    """The ``@sw.tool`` functions as ``FunctionTool``s whose calls, inside a flow, are steps
+    of the flow's saga (named, described and typed as ``@function_tool`` would)."""
+    out = []
+    for t in tools:
+        spec = getattr(t, "sagaworker_spec", None)
+        if not isinstance(spec, ToolSpec):
+            raise ConfigurationError(f"{t!r} is not a sagaworker tool: decorate it with "
+                                     "@sw.tool(...) and pass the decorated function")
+        out.append(_flow_tool(spec))
+    if not out:
+        raise ConfigurationError("no tools given: pass the @sw.tool functions the agent may call")
+    return out
+
+
+def _flow_tool(spec: ToolSpec) -> FunctionTool:
+    schema = function_schema(spec.fn, name_override=spec.fn.__name__, strict_json_schema=True)
+
+    async def invoke(_ctx: RunContextWrapper[Any], raw: str) -> str:
+        flow = current_flow.get()
+        if flow is None or not flow.is_async:
+            raise ConfigurationError(
+                f"flow tool {schema.name!r} runs inside an async flow only: call the agent "
+                "with sagaworker.agents.openai_agents.run from an `async def` @sw.flow()")
+        data = json.loads(raw) if raw.strip() else {}
+        args, kwargs = schema.to_call_args(schema.params_pydantic_model(**data))
+        return str(await flow.call(spec.name, *args, **kwargs))
+
+    return FunctionTool(name=schema.name, description=schema.description or "",
+                        params_json_schema=schema.params_json_schema, on_invoke_tool=invoke,
+                        strict_json_schema=True)
