@@ -142,3 +142,30 @@ def test_an_openai_agents_run_whose_card_is_declined_cancels_the_hotel(
     res = c.sw.start(key, durable_trip_oai, key, card="declined").wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED
     assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["book_hotel"]
+
+
+@pytest.mark.parametrize("ending", ["rejected", "deadline"])
+def test_a_rejected_or_overdue_gate_ends_the_run_and_compensates(crash_cluster: Cluster,
+                                                                 ending: str) -> None:
+    """At the voucher's gate a signed rejection, or a deadline passing, fails the saga:
+    the charge and the hotel are undone latest first, the model is not asked again."""
+    from sqlalchemy import update
+
+    from sagaworker._journal.dialect import db_later
+    from sagaworker._journal.schema import sagas
+
+    c, key = crash_cluster, uid("ag")
+    saga = c.sw.start(key, durable_trip, key, voucher=True, deadline=3600)
+    req = wait_for(lambda: next((p for p in c.sw.pending_approvals() if p.saga_id == key),
+                                None), T, "the voucher's gate")
+    if ending == "rejected":
+        c.sw.reject(req.token, approver="bob", reason="no voucher by mail")
+    else:
+        with c.sw.journal.engine.begin() as conn:
+            conn.execute(update(sagas).where(sagas.c.saga_id == key)
+                         .values(deadline_at=db_later(-1)))
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["charge_card", "book_hotel"]
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+    assert "send_voucher" not in effects(c, key)
