@@ -58,9 +58,8 @@ class Sagaworker(AsyncTwins):
     def __init__(self, app: Celery, *, database_url: str | None = None,
                  settings: Settings | None = None) -> None:
         self.app = app
-        base = settings or Settings()
-        if database_url is not None:
-            base = base.model_copy(update={"database_url": database_url})
+        base = (settings or Settings()).model_copy(
+            update={} if database_url is None else {"database_url": database_url})
         self.registry = Registry()
         self.bus = CeleryBus(app, self.registry, lambda: self.rt.settings)
         self.rt = Runtime(base, self.registry, self.bus)
@@ -68,6 +67,7 @@ class Sagaworker(AsyncTwins):
         self.producer = Producer(self.rt)
         self.flows = Flows(self.rt, self.producer, app)
         self.executor = Executor(self.rt, advance=self.flows.advance)
+        self.flows.heartbeat = self.executor.heartbeat  # a durable unit's lease kept fresh
         self.compensator = Compensator(self.rt, self.executor.heartbeat)
         self.gate = Gate(self.rt)
         self.sweeper = Sweeper(self.rt)

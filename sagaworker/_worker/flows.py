@@ -89,6 +89,7 @@ class Flows:
         self.rt = rt
         self.producer = producer
         self.app = app  # the Celery app: whose -A module a worker imports
+        self.heartbeat: Any = None  # the worker's (Executor's): a running unit's lease
         self.specs: dict[str, FlowSpec] = {}
         self._reach_checked: set[str] = set()
 
@@ -200,7 +201,8 @@ class Flows:
         # traced: a child of the saga's start span, whichever message or worker advanced it
         with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
                           flow=spec.name) as s:
-            run = replay(self.rt, self.producer, spec, saga, rows, live=True)
+            run = replay(self.rt, self.producer, spec, saga, rows, live=True,
+                         heartbeat=self.heartbeat)
             # (no text of the flow's in the status: its reason may quote a secret)
             s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not run.ctx.from_journal(
                 run.error) else None)

@@ -24,8 +24,8 @@ from .._base.types import Phase
 from .._base.units import Unit
 from .._journal.moves_base import Start, new_token, worker_label
 from .._journal.runtime import Runtime
-from .._observe.redact import redact_call
 from .._producer.producer import Producer
+from .shown import describe, show_call
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "current_flow", "replay"]
 
@@ -79,6 +79,8 @@ class FlowContext:
         #: (``flows check``, ``sagaworker.testing``) that stops where a unit would run
         self.live = live
         self._runs: dict[str, int] = {}
+        #: the worker's heartbeat: a durable unit's claim is kept fresh while it runs
+        self.heartbeat: Any = None
         #: an ``async def`` flow's: ``call`` and ``gather`` are awaited
         self.is_async = is_async
         self.metadata = metadata
@@ -117,7 +119,8 @@ class FlowContext:
             except (TypeError, ValueError):
                 digest = "(not JSON)"
             if row.tool_name != spec.name or row.args_digest != digest:
-                asked = f"{spec.name}{_show(self._producer.rt, spec.name, list(args), kwargs)}"
+                shown = show_call(self._producer.rt, spec.name, list(args), kwargs)
+                asked = f"{spec.name}{shown}"
                 raise self._diverged(row, asked, f"asked for {asked}")
         else:
             self.new.append((tool, args, kwargs))
@@ -153,7 +156,7 @@ class FlowContext:
             row = self._journal[self._cursor] if self._cursor < len(self._journal) else None
             raise _Diverged(
                 row.seq if row is not None else self._cursor + 1,
-                _describe(self._producer.rt, row) if row is not None else "nothing",
+                describe(self._producer.rt, row) if row is not None else "nothing",
                 f"patch {change_id!r} again",
                 f"flow diverged at step {row.seq if row is not None else self._cursor + 1}: "
                 f"the replay asked for patch {change_id!r} twice (one patch id marks one "
@@ -162,7 +165,7 @@ class FlowContext:
         return marker
 
     def _diverged(self, row: Any, asked: str, did: str) -> _Diverged:
-        held = _describe(self._producer.rt, row)
+        held = describe(self._producer.rt, row)
         change = patch_id(row.tool_name)
         return _Diverged(row.seq, held, asked,
                          f"flow diverged at step {row.seq}: the journal holds {held}, the "
@@ -251,6 +254,9 @@ class FlowContext:
             if got.start is not Start.RUN:
                 raise _Suspend()  # run by another replay, or decided: the journal tells next
         started = time.monotonic()
+        held = (self.saga_id, row.seq, False, token)
+        if self.heartbeat is not None:
+            self.heartbeat.hold(held)
         try:
             payload = await body()
         except Exception as exc:
@@ -261,6 +267,9 @@ class FlowContext:
             raise self._journaled(ToolFailed(
                 f"step {row.seq} ({op.tool_name}) FAILED: {error}", saga_id=self.saga_id,
                 seq=row.seq, tool=op.tool_name)) from exc
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.drop(held)
         done = rt.machine.executed(self.saga_id, row.seq, token, payload,
                                    (time.monotonic() - started) * 1000)
         if not done.applied:
@@ -287,24 +296,6 @@ class FlowContext:
         return self._cursor
 
 
-def _describe(rt: Runtime, row: Any) -> str:
-    """A journal entry as a divergence names it: its tool and arguments, or its patch."""
-    change = patch_id(row.tool_name)
-    if change is not None:
-        return f"patch marker {change!r}"
-    return f"{row.tool_name}{_show(rt, row.tool_name, row.args, row.kwargs)}"
-
-
-def _show(rt: Runtime, tool: str, args: Any, kwargs: Any) -> str:
-    """A call as people read it in a reason or a log line: redacted (SAGAWORKER_REDACT)."""
-    spec = rt.registry.tool(tool)
-    args, kwargs = redact_call(spec.signature if spec is not None else None, args or [],
-                               kwargs or {}, rt.settings.redact_keys)
-    parts = [repr(a) for a in (args or [])] + [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
-    text = f"({', '.join(parts)})"
-    return text if len(text) <= 200 else text[:197] + "...)"
-
-
 @dataclass
 class Replay:
     """One run of a flow's function against its journal, writing nothing: it ``waits``
@@ -324,7 +315,7 @@ class Replay:
 
 
 def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
-           rows: list[Any], *, live: bool = False) -> Replay:
+           rows: list[Any], *, live: bool = False, heartbeat: Any = None) -> Replay:
     """Run the flow from the top against ``rows`` (what the worker's advance and
     ``sagaworker.testing`` both do). Asking for another tool or other arguments than the
     journal holds at a position, or returning or raising before asking for every
@@ -333,6 +324,7 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
     is_async = inspect.iscoroutinefunction(spec.fn)
     ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer, is_async,
                       last_seq=saga.last_seq, live=live)
+    ctx.heartbeat = heartbeat
     token = current_flow.set(ctx)
     try:
         return _run(rt, spec, saga, rows, ctx, is_async)

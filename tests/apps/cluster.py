@@ -242,6 +242,8 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     record(key, "model", f"turn-{turn}")
     if slow == "slow" and turn == 0 and not before:
         time.sleep(30)
+    if slow == "linger" and turn == 0:
+        time.sleep(12)  # three leases of the crash cluster: the heartbeat keeps its claim
     plan = _trip_plan(key, card, voucher)
     if turn < len(plan):
         name, args = plan[turn]
@@ -264,10 +266,11 @@ def _trip_agent() -> Any:
 
 
 async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bool = False,
-                       slow: bool = False) -> str:
+                       slow: bool = False, linger: bool = False) -> str:
     """The trip agent run inside a flow (Pydantic AI with sagaworker's Durability)."""
+    pace = "slow" if slow else "linger" if linger else "-"
     result = await _trip_agent().run(
-        f"{key}|{card}|{'voucher' if voucher else '-'}|{'slow' if slow else '-'}")
+        f"{key}|{card}|{'voucher' if voucher else '-'}|{pace}")
     return str(result.output)
 
 

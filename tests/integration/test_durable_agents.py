@@ -169,3 +169,12 @@ def test_a_rejected_or_overdue_gate_ends_the_run_and_compensates(crash_cluster: 
     assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["charge_card", "book_hotel"]
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
     assert "send_voucher" not in effects(c, key)
+
+
+def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Cluster) -> None:
+    """A request that outlasts its claim's lease three times over: the worker's heartbeat
+    keeps the claim, so the sweeper hands the flow to nobody else (no second request)."""
+    c, key = crash_cluster, uid("ag")
+    res = c.sw.start(key, durable_trip, key, linger=True).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
