@@ -18,8 +18,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/sagaworker demo
 
-# the example's trip-booking agent (tasks/agent.py, Pydantic AI) on the same embedded defaults:
-# a scripted model, offline, unless SAGAWORKER_AGENT_MODEL names a real one (e.g.
+# the example's trip-booking agent (tasks/agent.py, Pydantic AI) as a durable flow on the same
+# embedded defaults (a worker killed mid-run, a gate with no process, a declined card): a
+# scripted model, offline, unless SAGAWORKER_AGENT_MODEL names a real one (e.g.
 # openai:gpt-4.1-mini, with OPENAI_API_KEY set)
 agent-demo: $(STAMP)
 	$(BIN)/sagaworker demo --agent

@@ -1,10 +1,13 @@
-"""The trip agent: an LLM agent (Pydantic AI) whose tools are saga steps.
+"""The trip agent: an LLM agent (Pydantic AI) that runs durably inside a flow.
 
 It books a hotel room, charges the card (the order saga's own ``charge_card``) and mails
-the voucher, an IRREVERSIBLE mail behind an approval gate. Each tool call the model makes
-is one journaled step of the trip's saga; a declined card fails the saga, which cancels
-the hotel; the voucher goes out only once a person approved it with the gate's signed
-token (``sagaworker approve``, the dashboard), whatever the agent's own approval says.
+the voucher, an IRREVERSIBLE mail behind an approval gate. The agent runs inside the flow
+``trip_flow`` with sagaworker's ``Durability``: each model request is a journaled step of
+the trip's saga (sent once: a worker killed mid-run is replayed by another from the
+journal without asking the model again), each tool call a saga step. A declined card fails
+the saga, which cancels the hotel; the voucher goes out only once a person approved it
+with the gate's signed token (``sagaworker approve``, the dashboard), and while it waits
+no process runs the agent.
 
 The model: ``SAGAWORKER_AGENT_MODEL`` names a Pydantic AI model (``openai:gpt-4.1-mini``,
 ``anthropic:claude-sonnet-4-5``, ...), whose provider reads its own key from the
@@ -12,32 +15,33 @@ environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``) and needs its package
 (``pip install 'pydantic-ai-slim[openai]'``). Unset, a scripted model plays the agent,
 offline: ``make agent-demo`` needs no key and no network.
 
-The tools are declared with the rest of the example (the worker imports them); Pydantic
-AI is imported only by the functions that run the agent, so a worker needs no agent
-framework.
+Pydantic AI is imported only when the agent first runs, so a worker that never runs a
+trip needs no agent framework.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+import re
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sagaworker import CompensationContext, Reversibility, Saga, SagaResult, ToolFailed
+from sagaworker import CompensationContext, FlowContext, Reversibility, Saga
 
 from . import _store as store
 from ._app import sw
 from .payment import charge_card
 
 if TYPE_CHECKING:
-    from pydantic_ai import Agent, DeferredToolRequests
+    from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models import Model
     from pydantic_ai.models.function import AgentInfo
 
-__all__ = ["TOOLS", "Trip", "book_hotel", "book_trip", "cancel_hotel", "chosen_model",
-           "real_model", "scripted_model", "send_voucher", "trip_agent"]
+__all__ = ["TOOLS", "Trip", "book_hotel", "cancel_hotel", "real_model", "scripted_model",
+           "send_voucher", "start_trip", "trip_agent", "trip_flow"]
 
 #: what a night costs, in cents (the agent is told; the scripted model charges it)
 NIGHT_CENTS = 12_000
@@ -98,33 +102,63 @@ class Trip:
                 f"{self.card}, and mail the voucher to {self.email}.")
 
 
-def scripted_model(trip: Trip) -> Model:
+_PROMPT = re.compile(r"Book (\d+) nights in (.+) for (.+), pay with card (\S+), and mail "
+                     r"the voucher to (\S+)\.$")
+
+
+def scripted_model() -> Model:
     """The offline model: books, pays, mails the voucher, one call a turn, then says what
-    it did. It reads where the trip stands from the conversation, so a resumed run (after
-    the voucher's gate) carries on where the last one stopped."""
-    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    it did. It reads the trip from the guest's request and where it stands from the
+    conversation, so a replayed run carries on where the journal says."""
+    from pydantic_ai.messages import (
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
     from pydantic_ai.models.function import FunctionModel
 
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked = next(str(p.content) for m in messages for p in m.parts
+                     if isinstance(p, UserPromptPart))
+        found = _PROMPT.match(asked)
+        assert found is not None, asked
+        nights, city, guest, card, email = found.groups()
         done = {p.tool_name: p.content for m in messages for p in m.parts
                 if isinstance(p, ToolReturnPart) and p.outcome == "success"}
+        _demo_request(guest, len(done))
         if "book_hotel" not in done:
-            call = ToolCallPart("book_hotel", {"guest": trip.guest, "city": trip.city,
-                                               "nights": trip.nights})
+            call = ToolCallPart("book_hotel", {"guest": guest, "city": city,
+                                               "nights": int(nights)})
         elif "charge_card" not in done:
-            call = ToolCallPart("charge_card", {"card": trip.card,
-                                                "amount_cents": trip.nights * NIGHT_CENTS})
+            call = ToolCallPart("charge_card", {"card": card,
+                                                "amount_cents": int(nights) * NIGHT_CENTS})
         elif "send_voucher" not in done:
-            call = ToolCallPart("send_voucher", {"email": trip.email,
+            call = ToolCallPart("send_voucher", {"email": email,
                                                  "booking": done["book_hotel"]})
         else:
             return ModelResponse(parts=[TextPart(
-                f"Booked {trip.nights} nights in {trip.city} ({done['book_hotel']}), "
-                f"charged {done['charge_card']}, mailed voucher {done['send_voucher']} "
-                f"to {trip.email}.")])
+                f"Booked {nights} nights in {city} ({done['book_hotel']}), charged "
+                f"{done['charge_card']}, mailed voucher {done['send_voucher']} to {email}.")])
         return ModelResponse(parts=[call])
 
     return FunctionModel(respond, model_name="scripted-trip-agent")
+
+
+def _demo_request(guest: str, turn: int) -> None:
+    """In ``make agent-demo`` (TRIP_DEMO_FOLDER set): every request the model serves is a
+    line of ``model-requests.log``, and the first of the guest ``TRIP_DEMO_PAUSE`` names
+    takes 60 s (the demo kills its worker meanwhile)."""
+    folder = os.environ.get("TRIP_DEMO_FOLDER")
+    if not folder:
+        return
+    log = Path(folder) / "model-requests.log"
+    first = f"{guest} {turn}\n" not in (log.read_text() if log.exists() else "")
+    with log.open("a") as f:
+        f.write(f"{guest} {turn}\n")
+    if first and turn == 0 and guest == os.environ.get("TRIP_DEMO_PAUSE"):
+        time.sleep(60)
 
 
 def real_model() -> str | None:
@@ -132,54 +166,34 @@ def real_model() -> str | None:
     return os.environ.get("SAGAWORKER_AGENT_MODEL", "").strip() or None
 
 
-def chosen_model(trip: Trip) -> Model | str:
-    """The real model if one is named, else the scripted one."""
-    return real_model() or scripted_model(trip)
+_AGENT: list[Agent[None, str]] = []
 
 
-def trip_agent(saga: Saga, model: Model | str) -> Agent[None, str | DeferredToolRequests]:
-    """The agent, its tools journaled as steps of ``saga`` (sagaworker's adapter); a run
-    that reaches the voucher's gate ends with ``DeferredToolRequests``."""
-    from pydantic_ai import Agent, DeferredToolRequests
+def trip_agent() -> Agent[None, str]:
+    """The agent (one per process, built on first use): durable inside a flow, its tools
+    steps of the flow's saga."""
+    if not _AGENT:
+        from pydantic_ai import Agent
 
-    from sagaworker.agents.pydantic_ai import toolset
+        from sagaworker.agents.pydantic_ai import Durability, flow_toolset
 
-    return Agent(model, instructions=INSTRUCTIONS, output_type=[str, DeferredToolRequests],
-                 toolsets=[toolset(saga, TOOLS)])
-
-
-#: the person at the gate: returns once they decided (or not) on the deferred calls
-Decide = Callable[[str, "DeferredToolRequests"], Awaitable[None]]
+        _AGENT.append(Agent(real_model() or scripted_model(), name="trip",
+                            instructions=INSTRUCTIONS, output_type=str,
+                            capabilities=[Durability(sw)], toolsets=[flow_toolset(TOOLS)]))
+    return _AGENT[0]
 
 
-async def book_trip(trip: Trip, decide: Decide, *, model: Model | str | None = None,
-                    say: Callable[[str], Any] = print, timeout: float = 60) -> SagaResult:
-    """Book ``trip`` with the agent in a saga of its own; its SagaResult once it settled.
+@sw.flow()
+async def trip_flow(s: FlowContext, trip_id: str, guest: str, city: str, nights: int,
+                    card: str, email: str) -> str:
+    """The trip as a durable flow: the agent's run lives in the journal."""
+    trip = Trip(trip_id, guest, city, nights, card, email)
+    result = await trip_agent().run(trip.prompt())
+    return result.output
 
-    A run that reaches the voucher's gate ends deferred: ``decide(saga_id, requests)`` is
-    the person's turn (an approval or a rejection with the gate's signed token), then the
-    run resumes with the calls approved in Pydantic AI's own terms. That approval alone
-    decides nothing: a call whose gate holds no signed approval pends again, and the loop
-    asks once more. A declined card or a rejected voucher ends the run with ToolFailed;
-    the saga compensates (the hotel is cancelled)."""
-    from pydantic_ai import DeferredToolRequests, DeferredToolResults
 
-    saga = await sw.abegin(trip.saga_id, metadata={"guest": trip.guest, "via": "agent"},
-                           deadline=3600)
-    agent = trip_agent(saga, model or chosen_model(trip))
-    try:
-        result = await agent.run(trip.prompt())
-        while isinstance(result.output, DeferredToolRequests):
-            waiting = result.output
-            say("the run paused at the gate of: " + ", ".join(
-                f"{c.tool_name} (tool call {c.tool_call_id})" for c in waiting.approvals))
-            await decide(saga.saga_id, waiting)
-            result = await agent.run(message_history=result.all_messages(),
-                                     deferred_tool_results=DeferredToolResults(approvals={
-                                         c.tool_call_id: True for c in waiting.approvals}))
-    except ToolFailed as exc:
-        say(f"the run ended: {type(exc).__name__}: {exc}")
-        return await saga.aresult(timeout)
-    say(f"agent: {result.output}")
-    await saga.acomplete()
-    return await saga.aresult(timeout)
+def start_trip(trip: Trip) -> Saga:
+    """Hand the trip to the workers; returns at once (no process here runs the agent)."""
+    return sw.start(trip.saga_id, trip_flow, trip.trip_id, trip.guest, trip.city, trip.nights,
+                    trip.card, trip.email, metadata={"guest": trip.guest, "via": "agent"},
+                    deadline=86400)

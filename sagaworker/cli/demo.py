@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 from .._observe.records import Redaction
 from .render import console, render_saga
 
-__all__ = ["run_demo", "start_worker"]
+__all__ = ["Workers", "run_demo", "start_worker"]
 
 
 def start_worker(app: str, env: dict[str, str], log: Path, *, concurrency: int = 2,
@@ -63,8 +64,35 @@ def _approver(sw: Any, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
+class Workers:
+    """The demo's worker process: started, stopped, or killed (SIGKILL, its whole group)."""
+
+    def __init__(self, env: dict[str, str], folder: Path) -> None:
+        self.env, self.folder = env, folder
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = start_worker(EXAMPLE, self.env, self.folder / "worker.log")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(20)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.proc = None
+
+
 @contextmanager
-def _embedded(keep: bool) -> Iterator[tuple[Path, Any]]:
+def _embedded(keep: bool, **extra: str) -> Iterator[tuple[Path, Any, Workers]]:
     """The example on the embedded defaults, in a folder of its own: the example's module
     (its tables created) and a worker of it, stopped (and the folder removed) after."""
     if str(Path.cwd()) not in sys.path:
@@ -77,7 +105,8 @@ def _embedded(keep: bool) -> Iterator[tuple[Path, Any]]:
            "SAGAWORKER_BROKER_FOLDER": str(folder / "broker"),
            "SAGAWORKER_APPROVAL_SECRET": secret,
            "SAGAWORKER_COMPENSATION_BACKOFF": "0.2",
-           "SAGAWORKER_LOG_FORMAT": "json"}
+           "SAGAWORKER_LOG_FORMAT": "json", **{k: v.replace("{folder}", str(folder))
+                                                for k, v in extra.items()}}
     os.environ.update(env)
     console.print(f"[bold]sagaworker demo[/] in {folder}\n"
                   "journal: SQLite, broker: kombu filesystem transport (no server)\n"
@@ -86,15 +115,12 @@ def _embedded(keep: bool) -> Iterator[tuple[Path, Any]]:
 
     tasks = importlib.import_module(EXAMPLE)
     tasks.sw.create_schema()  # the release step: the journal and the example's own tables
-    proc = start_worker(EXAMPLE, env, folder / "worker.log")
+    workers = Workers(env, folder)
+    workers.start()
     try:
-        yield folder, tasks
+        yield folder, tasks, workers
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        workers.stop()
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -115,7 +141,7 @@ def _closing(folder: Path, keep: bool, outcome: str) -> None:
 def run_demo(*, keep: bool = False) -> int:
     if not _example_here():
         return _not_here()
-    with _embedded(keep) as (folder, tasks):
+    with _embedded(keep) as (folder, tasks, _):
         import importlib
 
         sw, place_order = tasks.sw, importlib.import_module(f"{EXAMPLE}.orders").place_order

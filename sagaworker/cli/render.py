@@ -22,7 +22,7 @@ from .._base.types import (
     SagaRecord,
     SagaStatus,
 )
-from .._base.units import model_turn, turn_line
+from .._base.units import UNIT_PREFIX, is_unit, model_turn, turn_line
 from .._journal.raw_rows import UnreadableSaga
 from .._observe.records import Redaction, saga_json, waiting_step
 from .._observe.visible import visible
@@ -136,6 +136,9 @@ class _Grid:
 
 
 def _tool(name: str) -> str:
+    if is_unit(name):  # a durable unit: "trip model request" for unit:trip__model.request
+        return escape(visible(name[len(UNIT_PREFIX):].replace("__model.request",
+                                                              " model request")))
     return escape(visible(name.rsplit(".", 1)[-1]))
 
 

@@ -19,33 +19,32 @@ def test_make_agent_demo_runs_the_agent_demo() -> None:
     assert recipe is not None and recipe.group(1) == "$(BIN)/sagaworker demo --agent"
 
 
-def test_agent_demo_completes_one_trip_and_compensates_another() -> None:
-    """Offline, no server: the first trip's voucher pends after the agent framework's own
-    approval and is mailed once approved with the signed token (COMPLETED); the second
-    trip's declined card ends the run and the hotel is cancelled (COMPENSATED)."""
+def test_agent_demo_resumes_a_killed_run_waits_at_a_gate_and_compensates() -> None:
+    """Offline, no server: a trip whose worker is SIGKILLed during the model's first turn
+    is finished by a new worker from the journal (only that turn sent twice); a trip waits
+    at the voucher's gate with every worker stopped and completes after the signed
+    approval; a declined card cancels the hotel (COMPENSATED)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGAWORKER_")}
     env["PYTHONPATH"] = str(ROOT)
     env["COLUMNS"] = "200"
     proc = subprocess.run([sys.executable, "-m", "sagaworker.cli", "demo", "--agent"], env=env,
-                          cwd=ROOT, capture_output=True, timeout=240, text=True)
+                          cwd=ROOT, capture_output=True, timeout=300, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "model: scripted, offline" in out
-    first, second = out.split("2. a trip whose card is declined")
-    # the framework's approval alone leaves the gate pending; the signed token decides
-    said = [line.strip() for line in first.splitlines() if line.startswith("  ")]
-    assert [s.split(":")[0] for s in said] == [
-        "guest", "the run paused at the gate of", "operator", "the run paused at the gate of",
-        "still pending", "operator", "agent"]
-    assert "no signed token" in said[2] and "with the gate's signed token" in said[5]
-    assert "mailed voucher vc-" in said[6]
-    assert re.search(r"│ 3\s+│ send_voucher\s+│ EXECUTED", first)
-    journal = first.split("saga trip-2001")[1]
+    killed, rest = out.split("2. a trip at the voucher's gate")
+    gated, declined = rest.split("3. a trip whose card is declined")
+    assert "the worker is killed (SIGKILL) while the model answers turn 1" in killed
+    assert "model requests per turn: turn 1: 2, turn 2: 1, turn 3: 1, turn 4: 1" in killed
+    assert re.search(r"│ 6\s+│ send_voucher\s+│ EXECUTED", killed)
+    assert re.search(r"│ 1\s+│ trip model request\s+│ EXECUTED .* asks book_hotel", killed)
+    journal = killed.split("saga trip-2001")[1]
     assert "[REDACTED]" in journal and "card-4242" not in journal
-    # the declined card: the run ends with ToolFailed, the hotel is undone
-    assert "the run ended: ToolFailed: step 2 (tasks.payment.charge_card) failed: " \
-           "CardDeclined" in second
-    report = second.split("compensation report")[1]
-    assert re.search(r"│ 1\s+│ book_hotel\s+│ COMPENSATED", report)
-    assert "trip-2001 COMPLETED, trip-2002 COMPENSATED" in out.splitlines()[-1]
-    assert "sagaworker-demo-" not in out.splitlines()[-1]
+    assert "every worker is stopped: no process runs the agent" in gated
+    assert "trip-2003: COMPLETED" in gated
+    report = declined.split("compensation report")[1]
+    assert re.search(r"│ 2\s+│ book_hotel\s+│ COMPENSATED", report)
+    assert "CardDeclined" in declined
+    last = out.splitlines()[-1]
+    assert "trip-2001 COMPLETED, trip-2003 COMPLETED, trip-2002 COMPENSATED" in last
+    assert "sagaworker-demo-" not in last
