@@ -23,6 +23,8 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from .._base.units import is_unit
+
 __all__ = ["Bar", "Row", "render", "rows_of"]
 
 ROW, LEFT, WIDTH, TOP = 16, 190, 860, 24
@@ -31,7 +33,7 @@ MIN_BAR = 3.0
 
 @dataclass(frozen=True)
 class Bar:
-    kind: str  # gate, queued, executed, failed, cancelled, in-doubt, running, undo-*
+    kind: str  # gate, queued, executed, model, failed, cancelled, in-doubt, running, undo-*
     start: datetime
     end: datetime
     title: str
@@ -95,7 +97,10 @@ def _row(r: Any, now: datetime) -> Row:
         bars.append(Bar("queued", queued_from, start,
                         f"queued {_at(queued_from)} → {_at(start)}"))
         kind = "in-doubt" if r.in_doubt else phase.lower()
-        bars.append(Bar(kind, start, end, f"{phase.lower()}: ran {_at(start)} → {_at(end)} "
+        what = phase.lower()
+        if kind == "executed" and is_unit(str(r.tool_name)):  # an agent's model turn
+            kind, what = "model", "model turn"
+        bars.append(Bar(kind, start, end, f"{what}: ran {_at(start)} → {_at(end)} "
                         f"({took.total_seconds():.3f} s), attempt {r.attempts}"))
     elif phase == "CANCELLED":
         bars.append(Bar("cancelled", queued_from, updated,

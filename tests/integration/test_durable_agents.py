@@ -47,8 +47,9 @@ def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> Non
         ["book_hotel"], None, ["charge_card"], None, []]
     assert turns_shown[0]["model"] == "function:trip_model:"
     assert turns_shown[0]["input_tokens"] > 0 and turns_shown[0]["output_tokens"] > 0
-    page = create_app(c.sw).test_client().get(f"/ui/sagas/{key}")
-    assert "asks book_hotel" in page.get_data(as_text=True)
+    page = create_app(c.sw).test_client().get(f"/ui/sagas/{key}").get_data(as_text=True)
+    assert "asks book_hotel" in page
+    assert page.count('class="tl-bar tl-model"') == 3  # the timeline draws the 3 turns
 
 
 def test_a_worker_killed_during_a_model_request_is_resumed_without_repeating_a_turn(
