@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import BadInput
 
-__all__ = ["UNIT_PREFIX", "Unit", "is_unit", "model_turn", "turn_line"]
+__all__ = ["UNIT_PREFIX", "CallFor", "Unit", "is_unit", "model_turn", "turn_line"]
 
 UNIT_PREFIX = "unit:"
 _MAX = 200 - len(UNIT_PREFIX)
@@ -38,6 +38,14 @@ class Unit:
     @property
     def tool_name(self) -> str:
         return UNIT_PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class CallFor:
+    """A tool asked for by a framework's tool call: its step journals the call's id."""
+
+    tool: Any
+    call_id: str
 
 
 def is_unit(tool_name: str) -> bool:

@@ -20,7 +20,7 @@ from .._base.errors import BadInput, SagaworkerError
 from .._base.patches import PatchMarker, patch_id
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
-from .._base.units import Unit, is_unit
+from .._base.units import CallFor, Unit, is_unit
 from .._journal.app_tx import AppTx
 from .._journal.machine import new_token, worker_label
 from .._journal.reads import Claiming
@@ -43,6 +43,8 @@ class Producer:
         self.rt = rt
 
     def resolve(self, tool: Any) -> ToolSpec:
+        if isinstance(tool, CallFor):
+            tool = tool.tool
         name = tool if isinstance(tool, str) else getattr(tool, "name", None)
         spec = self.rt.registry.tool(name) if isinstance(name, str) else None
         if spec is None:
@@ -52,6 +54,9 @@ class Producer:
         return spec
 
     def prepare(self, tool: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> NewEntry:
+        if isinstance(tool, CallFor):  # a framework's tool call: its id journaled with it
+            return dataclasses.replace(self.prepare(tool.tool, args, kwargs),
+                                       call_id=tool.call_id)
         if isinstance(tool, Unit):  # run by the replay that journals it: no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
                             args_digest=args_digest([tool.name], {}), queue=None,

@@ -22,6 +22,7 @@ from typing import Any
 
 from .._base.errors import ConfigurationError
 from .._base.registry import ToolSpec
+from .._base.units import CallFor
 from .._worker.replay import FlowContext, _Diverged, _Suspend, current_flow
 
 try:
@@ -167,7 +168,10 @@ class FlowToolset(AbstractToolset[Any]):
             raise ConfigurationError(f"no tool {name!r} in this toolset")
         flow = _flow(f"flow_toolset tool {name!r}")
         args, kwargs = _split(spec, tool_args)
-        return await flow.call(spec.name, *args, **kwargs)
+        asked: Any = spec.name
+        if ctx.tool_call_id:  # journaled with the step (the run's id keeps it unique)
+            asked = CallFor(spec.name, f"{ctx.run_id}/{ctx.tool_call_id}"[:200])
+        return await flow.call(asked, *args, **kwargs)
 
 
 def _mine(tool: ToolsetTool[Any], owner: FlowToolset) -> ToolsetTool[Any]:

@@ -39,8 +39,12 @@ def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> Non
     assert res.value == f"trip booked for {key}"
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
     assert effects(c, key) == ["book_hotel", "charge_card"]
-    assert [e.tool_name for e in c.sw.inspect(key).entries] == [
+    entries = c.sw.inspect(key).entries
+    assert [e.tool_name for e in entries] == [
         UNIT, "tests.apps.cluster.book_hotel", UNIT, "tests.apps.cluster.charge_card", UNIT]
+    # each tool step carries the framework's tool-call id (within the run's own id)
+    assert [e.call_id for e in entries] == [
+        None, f"{key}/trip/0/call-0", None, f"{key}/trip/0/call-1", None]
     # shown: each model turn with its model, tokens and the tools it asked for
     turns_shown = [e.get("model_turn") for e in saga_json(c.sw.inspect(key))["entries"]]
     assert [t and t["asks"] for t in turns_shown] == [
