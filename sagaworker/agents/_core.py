@@ -19,6 +19,7 @@ An adapter turns the framework's tool call (its tool-call id, the model's argume
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from .._base.types import Phase
 from .._producer.saga import Saga, Step
 
 __all__ = ["AgentTool", "AgentTools", "ArgumentsRefused", "GatePending", "SagaClosed", "failed_in",
-           "require"]
+           "require", "split_arguments"]
 
 
 def require(module: str, extra: str) -> Any:
@@ -155,6 +156,23 @@ class AgentTools:
         if phase in (Phase.REJECTED, Phase.CANCELLED, Phase.FAILED):
             await step.aresult(0)  # raises what result() raises for it
         return False
+
+
+def split_arguments(fn: Callable[..., Any], validated: dict[str, Any]
+                    ) -> tuple[list[Any], dict[str, Any]]:
+    """The model's arguments as the tool's own call: its positional parameters in order
+    (as ``saga.enqueue(tool, key, ...)`` journals them, and undos read ``ctx.args``), the
+    rest by name."""
+    kwargs = dict(validated)
+    args: list[Any] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            args.extend(kwargs.pop(p.name, ()))
+            break
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name not in kwargs:
+            break
+        args.append(kwargs.pop(p.name))
+    return args, kwargs
 
 
 def failed_in(exc: BaseException) -> ToolFailed | None:

@@ -15,7 +15,6 @@ flow raises ``ConfigurationError``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from .._base.errors import ConfigurationError
 from .._base.registry import ToolSpec
 from .._base.units import CallFor
 from .._worker.replay import FlowContext, _Diverged, _Suspend, current_flow
+from ._core import split_arguments
 
 try:
     from pydantic_ai import RunContext, Tool
@@ -167,7 +167,7 @@ class FlowToolset(AbstractToolset[Any]):
         if spec is None:
             raise ConfigurationError(f"no tool {name!r} in this toolset")
         flow = _flow(f"flow_toolset tool {name!r}")
-        args, kwargs = _split(spec, tool_args)
+        args, kwargs = split_arguments(spec.fn, tool_args)
         asked: Any = spec.name
         if ctx.tool_call_id:  # journaled with the step (the run's id keeps it unique)
             asked = CallFor(spec.name, f"{ctx.run_id}/{ctx.tool_call_id}"[:200])
@@ -178,17 +178,3 @@ def _mine(tool: ToolsetTool[Any], owner: FlowToolset) -> ToolsetTool[Any]:
     from dataclasses import replace
 
     return replace(tool, toolset=owner)
-
-
-def _split(spec: ToolSpec, validated: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """The model's arguments as the tool's own call: positional parameters in order."""
-    kwargs = dict(validated)
-    args: list[Any] = []
-    for p in inspect.signature(spec.fn).parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            args.extend(kwargs.pop(p.name, ()))
-            break
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name not in kwargs:
-            break
-        args.append(kwargs.pop(p.name))
-    return args, kwargs

@@ -31,14 +31,20 @@ How the journal's answers reach Pydantic AI:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._base.errors import ConfigurationError, SagaworkerError
 from .._producer.saga import Saga
-from ._core import AgentTool, AgentTools, ArgumentsRefused, GatePending, require
+from ._core import (
+    AgentTool,
+    AgentTools,
+    ArgumentsRefused,
+    GatePending,
+    require,
+    split_arguments,
+)
 
 try:
     from pydantic_ai import ApprovalRequired, ModelRetry, RunContext, Tool
@@ -94,7 +100,7 @@ class SagaToolset(WrapperToolset[Any]):
             raise ConfigurationError(
                 f"tool {name!r} was called without a tool-call id; call it from an agent run "
                 "(the tool-call id is the journal's key for the call)")
-        args, kwargs = _split(agent_tool, tool_args)
+        args, kwargs = split_arguments(agent_tool.fn, tool_args)
         try:
             return await self.agent_tools.call(agent_tool, ctx.tool_call_id, args, kwargs)
         except ArgumentsRefused as exc:
@@ -121,22 +127,6 @@ class SagaToolset(WrapperToolset[Any]):
                 return t
         raise ConfigurationError(f"no tool {name!r} in this toolset (it holds "
                                  f"{', '.join(t.name for t in self.agent_tools.tools)})")
-
-
-def _split(tool: AgentTool, validated: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """The model's arguments as the tool's own call: its positional parameters in order
-    (as ``saga.enqueue(tool, key, ...)`` journals them, and undos read ``ctx.args``), the
-    rest by name."""
-    kwargs = dict(validated)
-    args: list[Any] = []
-    for p in inspect.signature(tool.fn).parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            args.extend(kwargs.pop(p.name, ()))
-            break
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name not in kwargs:
-            break
-        args.append(kwargs.pop(p.name))
-    return args, kwargs
 
 
 def _deferral(exc: GatePending) -> ApprovalRequired:

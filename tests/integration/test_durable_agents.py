@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,21 @@ def turns(c: Cluster, key: str) -> list[str]:
 
 def effects(c: Cluster, key: str) -> list[str]:
     return [r.tool for r in c.ledger(key) if r.kind == "effect"]
+
+
+def killed_mid_request(c: Cluster, key: str, saga: Any) -> None:
+    """SIGKILL of the process holding the run's first model request (it has started and
+    the model was asked); the run completes, only that request sent twice."""
+    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 1)) is not None
+                   and r.started_at is not None and r, T, "the model request to start")
+    wait_for(lambda: turns(c, key) == ["turn-0"], T, "the model to be asked")
+    pid = int(row.worker.rpartition("|")[2])
+    os.kill(pid, signal.SIGKILL)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the kill hit the process that held the request
+    assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
 
 
 def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> None:
@@ -62,17 +78,7 @@ def test_a_worker_killed_during_a_model_request_is_resumed_without_repeating_a_t
     flow to another process, which sends that request again (it has no journaled
     response) and no other; every tool runs once."""
     c, key = crash_cluster, uid("ag")
-    saga = c.sw.start(key, durable_trip, key, slow=True)
-    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 1)) is not None
-                   and r.started_at is not None and r, T, "the model request to start")
-    wait_for(lambda: turns(c, key) == ["turn-0"], T, "the model to be asked")
-    pid = int(row.worker.rpartition("|")[2])
-    os.kill(pid, signal.SIGKILL)
-    res = saga.wait(timeout=T)
-    assert res.status is SagaStatus.COMPLETED, res.error
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # the kill hit the process that held the request
-    assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
+    killed_mid_request(c, key, c.sw.start(key, durable_trip, key, slow=True))
     assert effects(c, key) == ["book_hotel", "charge_card"]
 
 
@@ -127,17 +133,7 @@ def test_an_openai_agents_run_sends_each_model_turn_once(crash_cluster: Cluster)
 def test_an_openai_agents_run_killed_mid_request_resumes_without_repeating_a_turn(
         crash_cluster: Cluster) -> None:
     c, key = crash_cluster, uid("oa")
-    saga = c.sw.start(key, durable_trip_oai, key, slow=True)
-    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 1)) is not None
-                   and r.started_at is not None and r, T, "the model request to start")
-    wait_for(lambda: turns(c, key) == ["turn-0"], T, "the model to be asked")
-    pid = int(row.worker.rpartition("|")[2])
-    os.kill(pid, signal.SIGKILL)
-    res = saga.wait(timeout=T)
-    assert res.status is SagaStatus.COMPLETED, res.error
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
+    killed_mid_request(c, key, c.sw.start(key, durable_trip_oai, key, slow=True))
     assert effects(c, key) == ["book_hotel", "charge_card"]
 
 
