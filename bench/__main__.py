@@ -21,7 +21,10 @@ BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/12"}
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "workers",
-            "big")
+            "big", "check", "agents")
+#: sections run as a process of their own (each its own database; DBOS's own singleton)
+APART = {"check": ["bench.flows_check", "--sagas", "10000"],
+         "agents": ["bench.agent_turns", "--turns", "20"]}
 
 
 def versions() -> dict[str, str]:
@@ -67,6 +70,19 @@ def rabbitmq_sections(results: dict[str, Any], b: suites.Bench, a: argparse.Name
     if "workers" in only:  # last: it starts more workers on the queue
         log("step throughput with 1, 2, 4 workers")
         results["workers"] = scaling.workers_scaling(b, a.steps, max(3, a.rounds // 2))
+
+
+def apart(argv: list[str], rounds: int, quick: bool) -> Any:
+    """One benchmark module run in its own process; its JSON (or why it failed)."""
+    import subprocess
+
+    args = [sys.executable, "-m", *argv, "--rounds", str(rounds)]
+    if quick:
+        args = [*args[:-4], argv[1], "100" if argv[1] == "--sagas" else "3", "--rounds", "1"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    return json.loads(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                     suites.drop_database(name)
                 except Exception as exc:
                     log(f"could not drop {name}: {exc}")
+    for section, argv in APART.items():
+        if section in only:
+            log(f"{section}: {' '.join(argv)}")
+            results[argv[0].split(".")[1]] = apart(argv, a.rounds, a.quick)
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     results["retried_rounds"] = suites.RETRIES
     # a run of some sections only leaves the full run's file alone

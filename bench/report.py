@@ -129,6 +129,17 @@ def render(r: dict[str, Any]) -> str:
         out.append("\n### Targets (ratios within this run)\n")
         out.append(_table(["figure", "value", "target", ""], targets))
     out.append(f"\nwall time {r.get('wall_seconds')} s")
+    fc = r.get("flows_check")
+    if isinstance(fc, dict) and "seconds_median" in fc:
+        out.append(f"flows check of {fc['sagas']} sagas in flight: "
+                   + ", ".join(f"{k} {v} s" for k, v in fc["seconds_median"].items())
+                   + f" (check/read {fc['check_over_read']})")
+    at = r.get("agent_turns")
+    if isinstance(at, dict) and "ms_per_turn" in at:
+        out.append(f"durable agent turn, {at['turns']} turns: ms/turn "
+                   + ", ".join(f"{k} {v}" for k, v in at["ms_per_turn"].items())
+                   + f"; added sagaworker/DBOS {at.get('sagaworker_over_dbos_per_turn')}"
+                   + f"; replay ms {at['replay_ms_with_turns_journaled']}")
     return "\n".join(out)
 
 
