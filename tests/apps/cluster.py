@@ -243,7 +243,7 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     if slow == "slow" and turn == 0 and not before:
         time.sleep(30)
     if slow == "linger" and turn == 0:
-        time.sleep(12)  # three leases of the crash cluster: the heartbeat keeps its claim
+        time.sleep(9)  # over two leases of the crash cluster: the heartbeat keeps its claim
     plan = _trip_plan(key, card, voucher)
     if turn < len(plan):
         name, args = plan[turn]

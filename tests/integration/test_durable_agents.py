@@ -173,7 +173,7 @@ def test_a_rejected_or_overdue_gate_ends_the_run_and_compensates(crash_cluster: 
 
 
 def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Cluster) -> None:
-    """A request that outlasts its claim's lease three times over: the worker's heartbeat
+    """A request that outlasts its claim's lease twice over: the worker's heartbeat
     keeps the claim, so the sweeper hands the flow to nobody else (no second request)."""
     c, key = crash_cluster, uid("ag")
     res = c.sw.start(key, durable_trip, key, linger=True).wait(timeout=T)

@@ -12,8 +12,9 @@ import pytest
 from tests.statemachine.mutants import MUTANTS, Mutant, drift, run
 
 #: the mutants the model catches within seconds at this budget (the others take longer:
-#: ``make mutants``)
-QUICK = ("executed-token-pg", "heartbeat-token", "awaiting-after-approval",
+#: ``make mutants``; executed-token-pg and heartbeat-token took 48 s and 57 s of a make
+#: test that must stay under 25 minutes, so they run there only)
+QUICK = ("awaiting-after-approval",
          "rerun-not-idempotent", "claim-failing-fast", "claim-failing-locked",
          "claim-failing-pg", "lease-takeover", "lease-takeover-pg", "undo-order",
          "undo-while-running", "two-undos", "gate-failing", "enqueue-failing",
