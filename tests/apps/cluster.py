@@ -266,11 +266,11 @@ def _trip_agent() -> Any:
 
 
 async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bool = False,
-                       slow: bool = False, linger: bool = False) -> str:
+                       slow: bool = False, linger: bool = False, quote: bool = False) -> str:
     """The trip agent run inside a flow (Pydantic AI with sagaworker's Durability)."""
     pace = "slow" if slow else "linger" if linger else "-"
-    result = await _trip_agent().run(
-        f"{key}|{card}|{'voucher' if voucher else '-'}|{pace}")
+    first = "voucher" if voucher else "quote" if quote else "-"
+    result = await _trip_agent().run(f"{key}|{card}|{first}|{pace}")
     return str(result.output)
 
 
@@ -278,6 +278,8 @@ def _trip_plan(key: str, card: str, voucher: str) -> list[tuple[str, dict[str, A
     plan: list[tuple[str, dict[str, Any]]] = [
         ("book_hotel", {"key": key, "city": "Lisbon", "nights": 2}),
         ("charge_card", {"key": key, "card": card, "amount_cents": 42000})]
+    if voucher == "quote":  # first a quote, whose first run takes 30 s (killed in it)
+        plan.insert(0, ("quote_room", {"key": key, "city": "Lisbon"}))
     if voucher == "voucher":
         plan.append(("send_voucher", {"key": key, "email": "ana@example.com"}))
     return plan
@@ -824,7 +826,16 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     # the durable trip agent is built on its first run (Pydantic AI is a slow import that
     # every other test's worker would pay for)
     AGENTS.clear()
-    AGENTS["tools"] = (sw, [book_hotel, charge_card, send_voucher])
+    @sw.tool(idempotent=True)
+    def quote_room(key: str, city: str) -> str:
+        """Quote a room's price in a city (asking twice is harmless)."""
+        first = not any(r.tool == "quote_room" for r in rows(_url[0], key))
+        record(key, "effect", "quote_room", city=city)
+        if first:
+            time.sleep(30)
+        return f"Q-{city}"
+
+    AGENTS["tools"] = (sw, [book_hotel, charge_card, send_voucher, quote_room])
     for flow in FLOWS:
         sw.flow()(flow)
     sw.flow(on_divergence="compensate")(strict_steps)

@@ -179,3 +179,24 @@ def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Clust
     res = c.sw.start(key, durable_trip, key, linger=True).wait(timeout=T)
     assert res.status is SagaStatus.COMPLETED, res.error
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+
+
+def test_a_worker_killed_during_a_tool_is_resumed_without_asking_the_model_again(
+        crash_cluster: Cluster) -> None:
+    """SIGKILL of the process running an idempotent tool the model asked for: the step is
+    run again by another process (as any idempotent step), the run goes on from the
+    journal, and no model turn is sent twice (the request before the tool has its
+    response in the journal)."""
+    c, key = crash_cluster, uid("ag")
+    saga = c.sw.start(key, durable_trip, key, quote=True)
+    row = wait_for(lambda: (r := c.sw.journal.entry_row(key, 2)) is not None
+                   and r.started_at is not None and effects(c, key) == ["quote_room"] and r,
+                   T, "the quote to start")
+    pid = int(row.worker.rpartition("|")[2])
+    os.kill(pid, signal.SIGKILL)
+    res = saga.wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the kill hit the process running the tool
+    assert effects(c, key) == ["quote_room", "quote_room", "book_hotel", "charge_card"]
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2", "turn-3"]
