@@ -156,6 +156,8 @@ def worker_env(settings: Settings, default_queue: str, **extra: str) -> dict[str
         # the worker ends itself when this test process is gone (killed, interrupted):
         # no worker of an ended run keeps consuming (tests/apps/cluster.py)
         "TESTS_PARENT_PID": str(os.getpid()),
+        # a test tool's own Redis client uses the run's database too
+        "TESTS_REDIS_URL": BROKERS["redis"],
     })
     env.update(extra)
     return env

@@ -774,7 +774,8 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
         if not _clients:
             import redis.asyncio as aredis
 
-            _clients.append(aredis.Redis.from_url("redis://127.0.0.1:6379/15"))
+            # the run's own Redis database (tests/conftest.py), never a shared one
+            _clients.append(aredis.Redis.from_url(os.environ["TESTS_REDIS_URL"]))
         n = int(await _clients[0].incr(f"sw-review-{key}"))
         if fail_in_gather:
             async def fails() -> None:
