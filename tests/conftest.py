@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -56,11 +57,40 @@ def _reap_vhosts() -> None:
             _rabbitmqctl("delete_vhost", name)
 
 
+def db_name(prefix: str) -> str:
+    """A PostgreSQL database name of this test process's own: its pid in it, so that a
+    later run can tell (and drop) what a killed run left (``_reap_databases``)."""
+    return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+_RUN_DB = re.compile(r"^sw_[a-z]+_(\d+)_[0-9a-f]{8}$")
+
+
+def _reap_databases() -> list[str]:
+    """Drop the databases of earlier runs that were killed (their test process is gone):
+    each test database names its run's pid (``db_name``). Those of a live run stay."""
+    try:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=root dbname=postgres",
+                             autocommit=True, connect_timeout=3) as c:
+            names = [r[0] for r in c.execute("SELECT datname FROM pg_database")]
+            dead = [n for n in names if (m := _RUN_DB.match(n))
+                    and not os.path.exists(f"/proc/{m.group(1)}")]
+            for name in dead:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception:  # (no PostgreSQL here: the tests that need it say so)
+        return []
+    return dead
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_brokers() -> Iterator[None]:
     """The run's RabbitMQ vhost, made for it and deleted with it (with every queue a test
     left: an interrupted run leaks no queue into the default vhost); its Redis database
-    flushed at the end. Without rabbitmqctl here (a remote broker), the default vhost."""
+    flushed at the end. Without rabbitmqctl here (a remote broker), the default vhost.
+    The databases and vhosts killed runs left are dropped first."""
+    _reap_databases()
     _reap_vhosts()
     made = _VHOST is not None and _rabbitmqctl("add_vhost", _VHOST) and _rabbitmqctl(
         "set_permissions", "-p", _VHOST, "guest", ".*", ".*", ".*")
@@ -108,7 +138,7 @@ def pg_url() -> Iterator[str]:
     need("PostgreSQL", _pg)
     import psycopg
 
-    name = f"sw_test_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_test")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
@@ -126,7 +156,7 @@ def fresh_pg_url() -> Iterator[str]:
     need("PostgreSQL", _pg)
     import psycopg
 
-    name = f"sw_cli_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_cli")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     yield f"postgresql+psycopg://root@127.0.0.1:5432/{name}"

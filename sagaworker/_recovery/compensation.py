@@ -21,6 +21,7 @@ from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
 from .._observe import tracing
 from .._observe.logging import get_logger
+from .._observe.redact import error_text
 from .._worker.execution import Heartbeat
 
 __all__ = ["Compensator", "current_compensation"]
@@ -127,7 +128,10 @@ class Compensator:
         try:
             settle(undo.fn(ctx) if undo.takes_context else undo.fn())
         except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}"
+            # (journaled, logged and paged: the step's secret values scrubbed, as a
+            # forward step's error is)
+            detail = error_text(exc, spec.signature, list(row.args or []),
+                                dict(row.kwargs or {}), rt.settings.redact_keys)
             if st.attempt < 1 + rt.settings.compensation_retries:
                 self.heartbeat.drop(held)
                 rt.machine.release_undo(saga_id, row.seq, token, detail)

@@ -16,7 +16,7 @@ from .._base.awaiting import settle
 from .._base.canonical import args_digest, not_json
 from .._base.errors import BadInput
 from .._base.registry import ToolSpec
-from .._base.types import ENVELOPE, OPEN, SagaStatus
+from .._base.types import ENVELOPE, SagaStatus
 from .._journal.machine import Claim, Held, Start, new_token, worker_label
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
@@ -24,7 +24,7 @@ from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
-from .._producer.deadlines import deadline_passed
+from .claims import after_outcome, not_run
 from .eager import Advance, Eager, EagerRetry
 from .failures import Failures
 from .heartbeat import Heartbeat
@@ -236,19 +236,7 @@ class Executor:
             log.error("unknown_step" if claim.start is Start.UNKNOWN else "bad_message",
                       error=msg)
             raise Reject(msg, requeue=False)
-        if claim.overdue:  # the claim found the deadline passed: nothing more runs
-            deadline_passed(self.rt, saga_id, f"step {seq} ({spec.name}) was not run: the "
-                                              "saga's deadline passed before it started")
-        if claim.start is Start.IN_DOUBT:
-            log.error("step_in_doubt", attempts=claim.row.attempts)
-            self._after_outcome(saga_id, claim.saga_status, f"step {seq} ({spec.name}) in doubt")
-            return False
-        if claim.start is not Start.RUN:
-            log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
-            if claim.start is Start.CANCELLED and claim.saga_status is SagaStatus.COMPENSATING:
-                self.rt.bus.send_compensate(saga_id)  # the chain may wait on this entry
-            return False
-        return True
+        return not_run(self.rt, claim, saga_id, seq, spec.name)
 
     def _attempt(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
                  args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
@@ -339,10 +327,7 @@ class Executor:
         self._after_outcome(saga_id, status, f"step {seq} ({tool}) failed: {error}")
 
     def _after_outcome(self, saga_id: str, status: SagaStatus | None, reason: str) -> None:
-        if status in OPEN:
-            self.rt.bus.send_failure(saga_id, reason)
-        elif status is SagaStatus.COMPENSATING:
-            self.rt.bus.send_compensate(saga_id)
+        after_outcome(self.rt, saga_id, status, reason)
 
 
 def _delay(task: Task, eta: datetime | None, countdown: float | None) -> float:

@@ -16,15 +16,18 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import structlog
+
 from .._base.awaiting import settle
 from .._base.canonical import args_digest
 from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
 from .._base.units import Unit
-from .._journal.moves_base import Start, new_token, worker_label
+from .._journal.moves_base import new_token, worker_label
 from .._journal.runtime import Runtime
 from .._producer.producer import Producer
+from .claims import not_run
 from .shown import describe, show_call
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "current_flow", "replay"]
@@ -251,8 +254,9 @@ class FlowContext:
             token = new_token()
             got = rt.machine.claim_start(self.saga_id, row.seq, op.tool_name, token=token,
                                          worker=worker_label(), idempotent=True, task_id=None)
-            if got.start is not Start.RUN:
-                raise _Suspend()  # run by another replay, or decided: the journal tells next
+            with structlog.contextvars.bound_contextvars(seq=row.seq, tool=op.tool_name):
+                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):
+                    raise _Suspend()  # run by another replay, or decided (said and sent)
         started = time.monotonic()
         held = (self.saga_id, row.seq, False, token)
         if self.heartbeat is not None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.conftest import (
     Cluster,
     _broker,
     _pg,
+    db_name,
     need,
     new_settings,
     uid,
@@ -510,7 +510,7 @@ def crash_db(request: pytest.FixtureRequest,
     from sagaworker._journal.migrate import upgrade
     from tests.apps.cluster import forget
 
-    name = f"sw_oai_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_oai")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"

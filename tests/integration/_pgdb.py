@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.conftest import _pg, need
+from tests.conftest import _pg, db_name, need
 
 ADMIN = "host=127.0.0.1 port=5432 user=root dbname=postgres"
 
@@ -19,7 +18,7 @@ def fresh_database(prefix: str) -> Iterator[str]:
 
     from sagaworker._journal.migrate import upgrade
 
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    name = db_name(prefix)
     with psycopg.connect(ADMIN, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     try:

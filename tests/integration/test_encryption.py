@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, text
 
 from sagaworker import ConfigurationError, FlowContext, SagaStatus, Sagaworker, Settings
 from sagaworker._base.canonical import args_digest
-from tests.conftest import ROOT, UNIT_SECRET, _pg, need
+from tests.conftest import ROOT, UNIT_SECRET, _pg, db_name, need
 from tests.statemachine.model import RecordingBus
 
 KEY_A = Fernet.generate_key().decode()
@@ -68,7 +68,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
     from sagaworker._journal.migrate import upgrade
 
-    name = f"sw_crypto_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_crypto")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"

@@ -40,6 +40,7 @@ from tests.conftest import (
     Cluster,
     _broker,
     _pg,
+    db_name,
     need,
     new_settings,
     uid,
@@ -122,7 +123,7 @@ def lone(request: pytest.FixtureRequest,
     need("PostgreSQL", _pg)
     broker = BROKERS[request.param]
     need(request.param, _broker(broker))
-    name = f"sw_hard_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_hard")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"

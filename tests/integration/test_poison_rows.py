@@ -9,7 +9,6 @@ row stopped the sweeper of every worker on the journal, which must not reach oth
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,17 @@ from sqlalchemy import text
 
 from sagaworker import Phase
 from tests.apps.cluster import forget
-from tests.conftest import BROKERS, Cluster, _broker, _pg, need, new_settings, uid, wait_for
+from tests.conftest import (
+    BROKERS,
+    Cluster,
+    _broker,
+    _pg,
+    db_name,
+    need,
+    new_settings,
+    uid,
+    wait_for,
+)
 
 pytestmark = pytest.mark.services
 RESERVED = "$sagaworker_enc"
@@ -37,7 +46,7 @@ def own_journal(request: pytest.FixtureRequest,
     need("PostgreSQL", _pg)
     broker = BROKERS[request.param]
     need(request.param, _broker(broker))
-    name = f"sw_poison_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_poison")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"

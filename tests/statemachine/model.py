@@ -8,7 +8,9 @@ Celery retry, a lease that lapses while its attempt still runs (it finishes late
 heartbeats from live and from fenced-out attempts and undos, a lost COMMIT (the same move
 replayed with the same token), ``fail``, ``abort``, a passed deadline, approve and reject
 (also right after a fail), a flow advanced by two replays at once, a sweep, an operator
-re-drive. The "world" (which effects and undos happened, which attempts run) is kept in
+re-drive, and a durable agent run's model requests (``agents``: answered, failed, a worker
+dying or stalling while one is in flight, another worker replaying the flow meanwhile).
+The "world" (which effects and undos happened, which attempts run) is kept in
 ``world``; after every step the invariants are checked against it, the journal and the
 structured events logged; at the end, with every message delivered and nothing in
 flight, every saga must be terminal or completable (liveness).
@@ -44,13 +46,16 @@ from sagaworker import (
     SagaworkerError,
 )
 from sagaworker._base.types import OPEN, TERMINAL, OutcomeResult, Phase
+from sagaworker._base.units import is_unit
 from sagaworker._journal.dialect import db_later, db_now
 from sagaworker._journal.machine import Start, UndoClaim, UndoState, new_token
 from sagaworker._journal.schema import entries, sagas
 from sagaworker._worker.replay import replay as replay_flow
+from tests.statemachine.agents import AgentMoves
 from tests.statemachine.world import (
     EPOCH,
     MAX_RERUNS,
+    MAX_RETRIES,
     PREFIX,
     RETRIES,
     TOOLS,
@@ -58,6 +63,7 @@ from tests.statemachine.world import (
     RecordingBus,
     Undo,
     World,
+    agent_flow,
     build,
     flow_calls,
     flow_value,
@@ -74,7 +80,7 @@ def bound(saga_id: str, seq: int | None = None, tool: str | None = None) -> Any:
     return structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=tool)
 
 
-class JournalMachine(RuleBasedStateMachine):
+class JournalMachine(AgentMoves, RuleBasedStateMachine):
     """Subclassed per database (the ``URL`` class attribute)."""
 
     URL = ""
@@ -101,6 +107,7 @@ class JournalMachine(RuleBasedStateMachine):
             structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]))
         self.seen = 0          # events already checked
         self.snap: dict[Any, Any] = {}
+        self.agent_init()
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -132,16 +139,17 @@ class JournalMachine(RuleBasedStateMachine):
 
     @initialize(first=st.lists(st.sampled_from(TOOLS), min_size=1, max_size=4),
                 second=st.lists(st.sampled_from(TOOLS), min_size=0, max_size=3),
-                flow=st.booleans())
-    def two_sagas(self, first: list[str], second: list[str], flow: bool) -> None:
+                flow=st.sampled_from(["", "model", "agent", "agent"]))
+    def two_sagas(self, first: list[str], second: list[str], flow: str) -> None:
         """Two sagas with their first steps journaled and published (steps enqueued
-        together run in parallel: their EXECUTED order is the workers'), and a flow."""
+        together run in parallel: their EXECUTED order is the workers'), and a flow (the
+        model's, or an agent's)."""
         for tools in (first, second):
             self.begin(False)
             for tool in tools:
                 self.enqueue(len(self.sagas) - 1, tool)
         if flow:
-            self.start_flow(False)
+            self.start_flow(False, flow == "agent")
 
     @precondition(lambda self: len(self.sagas) < MAX_SAGAS)
     @rule(deadline=st.booleans())
@@ -153,13 +161,16 @@ class JournalMachine(RuleBasedStateMachine):
             self.world.deadlines.add(saga_id)
 
     @precondition(lambda self: len(self.sagas) < MAX_SAGAS)
-    @rule(deadline=st.booleans())
-    def start_flow(self, deadline: bool) -> None:
+    @rule(deadline=st.booleans(), agent=st.booleans())
+    def start_flow(self, deadline: bool, agent: bool = False) -> None:
+        """A flow starts: the model's (steps, a gate), or a durable agent run's (model
+        turns journaled as units, an odd ``n``)."""
         saga_id = f"m-{self.run}-{len(self.sagas)}"
-        n = next(self.counter) * 10
+        n = next(self.counter) * 10 + (1 if agent else 0)
         self.sagas.append(saga_id)
         self.world.flows[saga_id] = n
-        self.sw.start(saga_id, model_flow, n, deadline=3600 if deadline else None)
+        self.sw.start(saga_id, agent_flow if agent else model_flow, n,
+                      deadline=3600 if deadline else None)
         if deadline:
             self.world.deadlines.add(saga_id)
 
@@ -269,7 +280,7 @@ class JournalMachine(RuleBasedStateMachine):
         self.producer_fails(self.sagas.index(req.saga_id))
         for msg in [m for m in self.bus.messages if m[:3] == ("step", req.saga_id, req.seq)]:
             self.bus.messages.remove(msg)
-            self._claim(msg[1], msg[2], msg[3])
+            self._claim(msg[1], msg[2], msg[3], msg[4])
 
     @precondition(lambda self: self.world.deadlines - self.world.overdue)
     @rule(i=st.integers(0, 3))
@@ -294,7 +305,7 @@ class JournalMachine(RuleBasedStateMachine):
         kind = msg[0]
         if kind == "step":
             n = len(self.attempts)
-            self._claim(msg[1], msg[2], msg[3])
+            self._claim(msg[1], msg[2], msg[3], msg[4])
             if run and len(self.attempts) > n:
                 self.finish([a for a in self.attempts if a.running].index(self.attempts[-1]),
                             "ok")
@@ -302,7 +313,7 @@ class JournalMachine(RuleBasedStateMachine):
             self._handle_failure(msg[1], msg[2])
         elif kind == "advance":
             with bound(msg[1]):
-                self.sw.flows.advance(msg[1])
+                self.advance_flow(msg[1])
         else:
             self._chain(msg[1])
 
@@ -330,7 +341,7 @@ class JournalMachine(RuleBasedStateMachine):
         saga, rows = self.sw.journal.saga_and_entries(saga_id)
         if SagaStatus(saga.status) not in OPEN or saga.fail_requested_at is not None:
             return
-        run = replay_flow(self.sw.rt, self.sw.producer, self.sw.flows.specs["model_flow"],
+        run = replay_flow(self.sw.rt, self.sw.producer, self.sw.flows.specs[saga.flow],
                           saga, rows)
         if run.kind == "waits" and run.ctx.new:
             seen = sum(r.phase not in ("INTENT", "AWAITING_APPROVAL") for r in rows)
@@ -358,7 +369,7 @@ class JournalMachine(RuleBasedStateMachine):
         eager.consuming = frozenset([cast(str, None)])  # (the model's bus routes to None)
         n = len(self.bus.messages)
         with bound(msg[1]):
-            held = self.sw.flows.advance(msg[1], hold=eager._one())
+            held = self.advance_flow(msg[1], hold=eager._one())
         assert len(held) <= 1, "an advance kept more than one step for its one slot"
         for seq, _ in held:
             assert not [m for m in self.bus.messages[n:] if m[:3] == ("step", msg[1], seq)], (
@@ -384,7 +395,7 @@ class JournalMachine(RuleBasedStateMachine):
         if self.m.begin_compensation(saga_id, reason, new_token())[0]:
             self._chain(saga_id)
 
-    def _claim(self, saga_id: str, seq: int, tool: str) -> None:
+    def _claim(self, saga_id: str, seq: int, tool: str, retries: int = 0) -> None:
         spec = self.sw.registry.tool(tool)
         assert spec is not None
         token = new_token()
@@ -412,9 +423,10 @@ class JournalMachine(RuleBasedStateMachine):
             assert spec.idempotent, "a non-idempotent step re-run after its worker was lost"
             self.world.reruns[key] = self.world.reruns.get(key, 0) + 1
             assert self.world.reruns[key] <= MAX_RERUNS, "an idempotent step re-run too often"
-        a = Attempt(saga_id, seq, tool, token, int(row.args[0]))
+        a = Attempt(saga_id, seq, tool, token, int(row.args[0]), retries)
         self.attempts.append(a)
         self.world.holder[key] = a
+        self.world.not_due.discard(key)
 
     def _lost(self, saga_id: str, seq: int) -> None:
         """A step is found in doubt: none of its attempts may hold a lease still live."""
@@ -472,7 +484,8 @@ class JournalMachine(RuleBasedStateMachine):
             if status is SagaStatus.COMPENSATING:
                 self.bus.send_compensate(a.saga_id)
             if how == "raise":  # Celery retries: the same message comes again
-                self.bus.publish_step(a.saga_id, a.seq, a.tool, [], {}, "", None)
+                self.bus.publish_step(a.saga_id, a.seq, a.tool, [], {}, "", None,
+                                      retries=a.retries)
                 return
             st_ = self.m.failed(a.saga_id, a.seq, a.token, "Boom")
             self.last = ("failed", a.saga_id, a.seq, a.token, st_)
@@ -483,6 +496,53 @@ class JournalMachine(RuleBasedStateMachine):
                     "a step FAILED by an attempt that did not hold it")
             self.sw.executor._after_outcome(a.saga_id, st_, "Boom")
 
+    @precondition(lambda self: any(a.running and not a.lapsed and not is_unit(a.tool)
+                                   for a in self.attempts))
+    @rule(i=st.integers(0, 20), then=st.sampled_from(["published", "lost", "swept"]))
+    def tool_asks_retry(self, i: int, then: str) -> None:
+        """A running tool calls ``current_task.retry(countdown=60)`` (a delivered step's, or
+        an eager step's hand-over to the broker): past ``max_retries`` Celery raises and
+        the step fails; else the lease's release, the retry's due time and its count are
+        journaled in one commit, then the retry's message is published, or its worker
+        dies in between (``lost``; ``swept``: time passes and the sweeper sends it, with
+        its count)."""
+        a = self.pick(i, [a for a in self.attempts if a.running and not a.lapsed
+                          and not is_unit(a.tool)])
+        if a.retries >= MAX_RETRIES:  # Celery's MaxRetriesExceededError: the tool raised
+            self.finish([x for x in self.attempts if x.running].index(a), "give_up")
+            return
+        key = (a.saga_id, a.seq)
+        a.over = True
+        before = self.entry(*key)
+        ours = (before.phase == _INTENT and before.attempt_token == a.token
+                and before.lease_until is not None)
+        with bound(a.saga_id, a.seq, a.tool):
+            status = self.m.retry_later(a.saga_id, a.seq, a.token, "Retry", 60.0,
+                                        a.retries + 1)
+        after = self.entry(*key)
+        if not ours:
+            assert (after.lease_until, after.celery_retries) == (
+                before.lease_until, before.celery_retries), "a fenced-out retry wrote"
+            return
+        assert after.lease_until is None and after.celery_retries == a.retries + 1, (
+            "a retry journaled without its count or with its lease held")
+        self.world.retried[key] = self.world.retried.get(key, 0) + 1
+        assert self.world.retried[key] <= MAX_RETRIES, (
+            f"a tool's own retry ran past max_retries ({self.world.retried[key]})")
+        self.world.not_due.add(key)
+        if status is SagaStatus.COMPENSATING:
+            self.bus.send_compensate(a.saga_id)
+        if then == "published":
+            self.bus.publish_step(a.saga_id, a.seq, a.tool, [], {}, "", None,
+                                  retries=a.retries + 1, countdown=60.0)
+        elif then == "swept":
+            sent = len(self.bus.messages)
+            self.time_passes(True)
+            counts = [m[4] for m in self.bus.messages[sent:] if m[:3] == ("step", *key)]
+            assert all(c == self.world.retried[key] for c in counts), (
+                f"the sweeper resent a tool's retry counted {counts}, asked "
+                f"{self.world.retried[key]} times")
+
     @precondition(lambda self: any(a.running and not a.lapsed for a in self.attempts))
     @rule(i=st.integers(0, 20), redeliver=st.booleans())
     def lapse_live(self, i: int, redeliver: bool) -> None:
@@ -492,7 +552,7 @@ class JournalMachine(RuleBasedStateMachine):
         a = self.pick(i, [a for a in self.attempts if a.running and not a.lapsed])
         self._lapse(a, entries.c.attempt_token, "lease_until")
         if redeliver:
-            self._claim(a.saga_id, a.seq, a.tool)
+            self._claim(a.saga_id, a.seq, a.tool, a.retries)
 
     @precondition(lambda self: any(a.running and not a.lapsed for a in self.attempts))
     @rule(i=st.integers(0, 63))
@@ -515,7 +575,7 @@ class JournalMachine(RuleBasedStateMachine):
     def redeliver(self, i: int) -> None:
         """A running attempt's message is delivered again (a duplicate, a redelivery)."""
         a = self.pick(i, [a for a in self.attempts if a.running])
-        self._claim(a.saga_id, a.seq, a.tool)
+        self._claim(a.saga_id, a.seq, a.tool, a.retries)
 
     @precondition(lambda self: any(a.running and a.lapsed for a in self.attempts)
                   or any(u.running and u.lapsed for u in self.undos))
@@ -643,6 +703,7 @@ class JournalMachine(RuleBasedStateMachine):
                                                    else_=hour),
                                  retry_due_at=case((entries.c.retry_due_at.is_(None), None),
                                                    else_=hour)))
+        self.world.not_due.clear()  # (every retry journaled is due now)
         for a in self.attempts:
             a.lapsed = a.lapsed or a.dead
         for u in self.undos:
@@ -650,8 +711,11 @@ class JournalMachine(RuleBasedStateMachine):
 
     def sweep(self) -> None:
         before = {s: self.saga_row(s) for s in self.world.overdue}
-        n = len(self.logs)
+        n, sent = len(self.logs), len(self.bus.messages)
         self.sw.sweeper.sweep()
+        early = [m[1:3] for m in self.bus.messages[sent:]
+                 if m[0] == "step" and m[1:3] in self.world.not_due]
+        assert not early, f"the sweeper resent a step whose retry is not due yet: {early}"
         passed = {e.get("saga_id") for e in self.events(n, "saga_deadline_passed")}
         for saga_id, was in before.items():
             row = self.saga_row(saga_id)
@@ -713,8 +777,8 @@ class JournalMachine(RuleBasedStateMachine):
             assert tries <= 1 + RETRIES, f"undo tried {tries} times in one drive"
             assert self.entry(saga_id, row.seq).compensation is None
             spec = self.sw.registry.tool(row.tool_name)
-            assert spec is not None
-            if spec.gated or self.sw.registry.undo_for(spec) is None:
+            assert spec is not None or is_unit(row.tool_name)
+            if spec is None or spec.gated or self.sw.registry.undo_for(spec) is None:
                 self._outcome(Undo(saga_id, row.seq, token, 0), OutcomeResult.SKIPPED)
                 return
             self.undos.append(Undo(saga_id, row.seq, token, state.attempt))
@@ -824,6 +888,7 @@ class JournalMachine(RuleBasedStateMachine):
                 assert got == flow_calls(n)[:len(got)], f"flow journaled {got}"
                 if status is SagaStatus.COMPLETED:
                     assert row.result == flow_value(n), f"flow completed with {row.result}"
+                self.units_agree(n, mine)
 
     @invariant()
     def events_agree(self) -> None:

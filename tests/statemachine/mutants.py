@@ -34,6 +34,7 @@ STEP, UNDO, SAGA = ("sagaworker/_journal/step_moves.py", "sagaworker/_journal/un
 PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/repository.py"
 GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
+REPLAY = "sagaworker/_worker/replay.py"
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,25 @@ MUTANTS: tuple[Mutant, ...] = (
        "guard = []"),
     _m("doubt-unreported", "the chain finds a dead step in doubt and logs no step_in_doubt",
        UNDO, "            doubted.append(p)\n", "\n"),
+    _m("retry-count", "a tool's own retry journals its due time without its count (the "
+       "sweeper's resend lets it run past max_retries)", STEP,
+       "retry_due_at=db_later(max(delay, 0.0)), celery_retries=retries)\n"
+       "            return SagaStatus(saga.status)",
+       "retry_due_at=db_later(max(delay, 0.0)))\n            return SagaStatus(saga.status)"),
+    _m("retry-lease-kept", "a tool's own retry leaves its lease held (its retry is found "
+       "busy, then in doubt)", STEP, "                             lease_until=None, error=error,\n"
+       "                             retry_due_at=db_later(max(delay, 0.0)), celery_retries",
+       "                             error=error,\n"
+       "                             retry_due_at=db_later(max(delay, 0.0)), celery_retries"),
+    _m("unit-asked-again", "a replay sends a model request whose response is journaled",
+       REPLAY, "                return row.result\n", "                return await body()\n"),
+    _m("unit-claim-ignored", "a replay sends a model request another worker's claim holds",
+       REPLAY, "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):\n"
+       "                    raise _Suspend()", "                not_run(rt, got, self.saga_id, "
+       "row.seq, op.tool_name)\n                if False:\n                    raise _Suspend()"),
+    _m("unit-busy-goes-on", "a replay goes on past a model request in flight elsewhere",
+       REPLAY, "raise _Suspend()  # run by another replay, or decided (said and sent)",
+       "return None"),
     _m("died-unreported", "an undo whose worker died on every try is given up unreported",
        UNDO, "died.append((row, self._died_every_try(conn, saga_id, row, token, tries)))",
        "self._died_every_try(conn, saga_id, row, token, tries)"),

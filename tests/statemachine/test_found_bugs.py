@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sagaworker._worker.replay import replay
 from tests.statemachine.world import RecordingBus, build, model_flow
@@ -48,3 +49,29 @@ def test_a_late_attempt_found_in_doubt_is_not_told_it_failed_the_step(tmp_path: 
     assert sw.machine.claim_start("s-1", 1, tool, token="next", worker="w",
                                   idempotent=False, task_id=None).start is Start.IN_DOUBT
     assert sw.machine.failed("s-1", 1, "late", "boom") is None
+
+
+def test_a_model_request_whose_worker_died_on_every_run_is_paged(tmp_path: Path) -> None:
+    """A durable unit (an agent's model request) whose worker died on its first run and on
+    its re-run is journaled in doubt by the next replay's claim: that replay logs
+    step_in_doubt (the page) and sends the saga's failure, as a tool's delivery does. It
+    said nothing and sent nothing: the saga waited, failing, for the sweeper."""
+    from tests.statemachine.model import JournalMachine
+
+    machine: Any = type("Doubt", (JournalMachine,),
+                        {"URL": f"sqlite:///{tmp_path / 'unit.db'}", "_sw": None})
+    m = machine()
+    m.start_flow(False, True)
+    saga_id = m.sagas[0]
+    m.bus.messages.clear()
+    for _ in range(2):  # the first run and its one re-run (max_reruns=1) die mid-request
+        m.agent_turn(0, "die")
+        m.lapse()
+    n = len(m.logs)
+    m.agent_turn(0, "ok")
+    row = m.sw.journal.entry_row(saga_id, 1)
+    assert (row.phase, bool(row.in_doubt)) == ("FAILED", True)
+    assert [e["event"] for e in m.logs[n:] if e["event"] == "step_in_doubt"] == ["step_in_doubt"]
+    assert [msg[:2] for msg in m.bus.messages] == [("failure", saga_id)]
+    assert len(m.turns.sent[(saga_id, 1)]) == 2  # no third request
+    m.teardown()

@@ -19,7 +19,7 @@ QUICK = ("awaiting-after-approval",
          "claim-failing-pg", "lease-takeover", "lease-takeover-pg", "undo-order",
          "undo-while-running", "two-undos", "gate-failing", "enqueue-failing",
          "complete-unexecuted", "complete-failing", "abort-terminal", "redrive-any",
-         "died-unreported")
+         "died-unreported", "unit-claim-ignored")
 #: the budget of ``make mutants`` (the same examples, so the same verdicts)
 EXAMPLES, STEPS = 400, 50
 

@@ -19,6 +19,7 @@ MAX_RERUNS = 1  # one re-run of an idempotent step whose attempt was lost
 #: sweeper's 10 s failure cut-off and made the run nondeterministic)
 EPOCH = 10 * 365 * 86400.0
 RETRIES = 1  # SAGAWORKER_COMPENSATION_RETRIES: 1 + 1 tries per undo
+MAX_RETRIES = 1  # the tools' Celery max_retries: a tool's own retry() asked once at most
 TOOLS = ("plain", "idem", "ship", "lookup")
 PREFIX = "tests.statemachine.world."
 PLAIN, IDEM, SHIP, LOOKUP = (PREFIX + t for t in TOOLS)
@@ -33,12 +34,51 @@ def model_flow(s: FlowContext, n: int) -> dict[str, int]:
     return {"a": a, "b": b, "c": c, "d": d}
 
 
+class Died(BaseException):
+    """The worker running a model request dies (nothing of the replay's runs after it)."""
+
+
+class Model:
+    """The model an agent flow asks: ``ask`` is each request sent (set by the machine, which
+    checks and answers it); its answer for turn ``turn`` of flow ``n`` is ``n + 5 + turn``."""
+
+    ask: Any = None
+
+
+UNIT = "unit:ask"
+
+
+async def _request(saga_id: str, n: int, turn: int) -> Any:
+    return Model.ask(saga_id, n, turn)
+
+
+async def agent_flow(s: FlowContext, n: int) -> dict[str, int]:
+    """The durable agent run the model checks: a model turn, the tool it asks for, another
+    turn (each turn a durable unit journaled by the replay that sends it)."""
+    first = await s.unit("ask", lambda: _request(s.saga_id, n, 0))
+    tool = await s.call(PLAIN, first)
+    second = await s.unit("ask", lambda: _request(s.saga_id, n, 1))
+    return {"first": first, "tool": tool, "second": second}
+
+
+def answer(n: int, turn: int) -> int:
+    return n + 5 + turn
+
+
+#: the seq of each turn's unit in ``agent_flow``'s journal
+TURN_SEQ = (1, 3)
+
+
 def flow_calls(n: int) -> list[tuple[str, list[Any]]]:
-    """Every step ``model_flow(n)`` journals, in order."""
+    """Every step ``model_flow(n)`` (``agent_flow`` for an odd n) journals, in order."""
+    if n % 2:
+        return [(UNIT, []), (PLAIN, [answer(n, 0)]), (UNIT, [])]
     return [(PLAIN, [n]), (IDEM, [n + 1]), (LOOKUP, [n + 2]), (SHIP, [2 * n + 3])]
 
 
 def flow_value(n: int) -> dict[str, int]:
+    if n % 2:
+        return {"first": answer(n, 0), "tool": answer(n, 0), "second": answer(n, 1)}
     return {"a": n, "b": n + 1, "c": n + 2, "d": 2 * n + 3}
 
 
@@ -52,8 +92,8 @@ class RecordingBus:
     def publish_step(self, saga_id: str, seq: int, tool: str, args: list[Any],
                      kwargs: dict[str, Any], task_id: str, queue: str | None, *,
                      retries: int = 0, countdown: float | None = None) -> bool:
-        if saga_id in self.sagas:
-            self.messages.append(("step", saga_id, seq, tool))
+        if saga_id in self.sagas:  # (with the Celery retry count it carries)
+            self.messages.append(("step", saga_id, seq, tool, retries))
         return True
 
     def send_failure(self, saga_id: str, reason: str) -> None:
@@ -104,7 +144,9 @@ def build(url: str) -> Sagaworker:
         return n
 
     sw.flow(name="model_flow")(model_flow)
+    sw.flow(name="agent_flow")(agent_flow)
     sw.validate()
+    sw.flows.heartbeat = None  # time is the model's: a unit's lease lapses when it says
     sw.sweeper._ago = lambda seconds: db_later(-(seconds + EPOCH))  # type: ignore[method-assign]
     return sw
 
@@ -135,6 +177,7 @@ class Attempt(_Try):
     tool: str
     token: str
     arg: int
+    retries: int = 0       # the Celery retry count of the message it runs
     effect: bool = False
     dead: bool = False     # its worker died: it does nothing more
     lapsed: bool = False   # its lease lapsed; a live one still runs (it finishes late)
@@ -167,6 +210,10 @@ class World:
     #: the token of the attempt that holds each entry (the last one claimed)
     holder: dict[tuple[str, int], Attempt] = field(default_factory=dict)
     reruns: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: retries a tool asked for itself (current_task.retry), journaled
+    retried: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: steps whose retry is journaled and not yet due (due once the model's time passes)
+    not_due: set[tuple[str, int]] = field(default_factory=set)
     #: an undo's tries before the last re-drive (each drive has its own cap)
     tries_before: dict[tuple[str, int], int] = field(default_factory=dict)
     flows: dict[str, int] = field(default_factory=dict)          # flow saga -> its n

@@ -139,6 +139,14 @@ def red_sw(tmp_path: Path) -> Iterator[Sagaworker]:
     def refund(ctx: CompensationContext) -> None:
         pass
 
+    @sw.tool(compensable_by="unhold")
+    def hold(card: str) -> str:
+        return "held"
+
+    @sw.compensation
+    def unhold(ctx: CompensationContext) -> None:
+        raise RuntimeError(f"the bank kept the hold on card {ctx.args[0]}")
+
     sw.validate()
     yield sw
 
@@ -219,6 +227,28 @@ def test_a_failing_tool_journals_its_error_without_the_secret(red_sw: Sagaworker
     assert card not in repr(logs) and SECRET not in repr(logs)
     failed = [e for e in logs if e["event"] == "step_failed"]
     assert failed and REDACTED in failed[0]["error"]
+
+
+def test_a_failing_undo_journals_and_pages_its_error_without_the_secret(
+        red_sw: Sagaworker) -> None:
+    """An undo raising with the card in its message: the detail journaled with its
+    COMPENSATION_FAILED, ``compensation_failed`` (the page) and the retry's line lose the
+    card (they held it in clear, even with encryption on)."""
+    hold = next(s.task for s in red_sw.registry.tools.values() if s.name.endswith(".hold"))
+    charge = charge_of(red_sw)
+
+    def work(s: Any) -> None:
+        s.call(hold, SECRET)
+        s.call(charge, f"declined-{SECRET}", 1)
+
+    with capture_logs() as logs:
+        res = red_sw.saga("o-undo", work, timeout=20)
+    assert res.status is SagaStatus.COMPENSATION_FAILED
+    row = red_sw.journal.entry_row("o-undo", 1)
+    assert row.compensation_detail == f"RuntimeError: the bank kept the hold on card {REDACTED}"
+    failed = [e for e in logs if e["event"] == "compensation_failed"]
+    assert [e["detail"] for e in failed] == [row.compensation_detail]
+    assert SECRET not in repr(logs)
 
 
 # -- records shown to people: CLI tables, --json, the API ---------------------------------

@@ -30,7 +30,7 @@ from celery import Celery
 
 from sagaworker import Phase, SagaStatus, Sagaworker
 from sagaworker.web.auth import hash_token
-from tests.conftest import BROKERS, _broker, _pg, need, uid, wait_for
+from tests.conftest import BROKERS, _broker, _pg, db_name, need, uid, wait_for
 
 pytestmark = pytest.mark.services
 
@@ -171,7 +171,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     need("rabbitmq", _broker(BROKERS["rabbitmq"]))
     import psycopg
 
-    name = f"sw_deploy_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_deploy")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
@@ -289,7 +289,7 @@ def test_the_examples_tables_are_created_once_by_concurrent_releases() -> None:
 
     from tasks._store import create_tables
 
-    name = f"sw_tables_{uuid.uuid4().hex[:8]}"
+    name = db_name("sw_tables")
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
