@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo agent-demo test lint bench faults fuzz mutants clean venv web browser pythons lowest
+.PHONY: demo agent-demo test lint bench faults fuzz mutants clean venv web browser pooler pythons lowest
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -65,6 +65,12 @@ web: $(STAMP)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# PgBouncer, for the test that a journal behind a connection pooler is refused (CI installs
+# it through this, as chromium; the test runs it on a port of its own)
+pooler:
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null; }
 
 clean:
 	rm -rf $(VENV) .venv-3.* .venv-lowest .pytest_cache .mypy_cache .ruff_cache *.egg-info

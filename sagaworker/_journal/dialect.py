@@ -14,8 +14,9 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
 from sqlalchemy.types import DateTime, Float
 
-__all__ = ["READ_ONLY", "aware", "db_later", "db_now", "is_busy", "listens", "make_engine",
-           "normalize_url", "private_file", "read_only", "seconds_between", "single_writer"]
+__all__ = ["POOLED", "READ_ONLY", "aware", "db_later", "db_now", "is_busy", "listens",
+           "make_engine", "normalize_url", "private_file", "read_only", "seconds_between",
+           "single_writer"]
 
 #: execution option of connections that only read (on SQLite: no write lock, see below)
 READ_ONLY = "sagaworker_read_only"
@@ -43,8 +44,30 @@ def make_engine(url: str) -> Engine:
     # PostgreSQL restart the first statement on a stale connection fails, SQLAlchemy
     # invalidates the whole pool, and the caller's transaction is replayed on a fresh one
     # (``_journal.retrying`` on the worker side, ``Journal.write`` on the producer side).
-    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800,
-                         hide_parameters=True)
+    engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800,
+                           hide_parameters=True)
+    _pg_server_process(engine)
+    return engine
+
+
+#: a connection record's info: a pooler stands between this connection and PostgreSQL
+POOLED = "sagaworker_pooled"
+
+
+def _pg_server_process(engine: Engine) -> None:
+    """Each new connection learns whether a pooler stands between it and PostgreSQL: the
+    process id PostgreSQL's startup reply gave it (a pooler answers with a number of its
+    own) against the server's ``pg_backend_pid()``. One round trip per connection made,
+    none per checkout. The journal refuses a pooled connection at start (``readiness``):
+    it finds a statement whose connection was lost by that process."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, rec: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            server = cur.fetchone()[0]
+        dbapi_conn.rollback()  # (the driver opened a transaction for it)
+        rec.info[POOLED] = server != dbapi_conn.info.backend_pid
 
 
 def private_file(path: str | None) -> None:

@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from .._base.crypto import SealedJSON
 from .._base.types import OPEN, Phase
+from .dialect import POOLED
 from .schema import entries, sagas
 
 __all__ = ["Claimed", "UndoRow", "backend_pid", "claim", "complete", "enabled", "executed",
@@ -79,7 +80,7 @@ def _run(engine: Engine, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | 
         raise _translated(engine, sql, params, exc, None) from exc
     try:
         pg: psycopg.Connection[Any] = raw.driver_connection  # type: ignore[assignment]
-        pid = pg.info.backend_pid
+        pid = None if raw.info.get(POOLED) else pg.info.backend_pid
         try:
             pg.autocommit = True
             row = pg.execute(sql, params).fetchone()
@@ -126,8 +127,12 @@ _TERMINATE = "SELECT pg_terminate_backend(%(pid)s)"
 
 
 def backend_pid(conn: Any) -> int | None:
-    """The PostgreSQL server process of a SQLAlchemy connection (None elsewhere)."""
-    raw = getattr(getattr(conn, "connection", None), "dbapi_connection", None)
+    """The PostgreSQL server process of a SQLAlchemy connection (None elsewhere, and
+    behind a pooler, whose process ids are not the server's)."""
+    proxied = getattr(conn, "connection", None)
+    if getattr(proxied, "info", {}).get(POOLED):
+        return None
+    raw = getattr(proxied, "dbapi_connection", None)
     info = getattr(raw, "info", None)
     pid = getattr(info, "backend_pid", None)
     return pid if isinstance(pid, int) else None

@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from .._base.crypto import Cipher, is_sealed
 from .._base.errors import ConfigurationError
+from .dialect import POOLED
 from .schema import facts, sagas
 
 __all__ = ["check_approval_secrets", "check_journal", "check_keys", "keys_changed", "masked",
@@ -92,6 +93,14 @@ def _alembic_revisions() -> tuple[str, list[str]]:
     return head, known
 
 
+def pooled(url: str) -> str:
+    return (f"the journal {masked(url)} is reached through a connection pooler (its server "
+            "process is not the one the connection was given): after a lost connection the "
+            "journal waits for, and may stop, the statement's server process before it "
+            "trusts what the data says, which a pooler hides and hands to other clients; "
+            "point SAGAWORKER_DATABASE_URL at PostgreSQL itself (docs/scaling.md)")
+
+
 def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
     """Raise ConfigurationError, in one line that names the fix, unless the journal on
     ``engine`` can be reached and its schema is the code's (or newer). ``made_here``: the
@@ -99,6 +108,8 @@ def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
     someone migrated it)."""
     try:
         with engine.connect() as conn:
+            if conn.connection.info.get(POOLED):
+                raise ConfigurationError(pooled(url))
             if not inspect(conn).has_table(VERSION_TABLE):
                 if made_here:
                     return
