@@ -100,9 +100,13 @@ def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
         assert kinds(c, k) == [("effect", "a"), ("effect", "ship")]
     wait_for(lambda: [e for e in c.events(resumed) if e.get("event") == "flow_diverged"],
              T, "flow_diverged logged")
-    r = cli(c, monkeypatch, "flows", "resume", resumed)  # still code 2: held again, silently
+    # still code 2: held again, silently. No worker runs while the resume stamps the hold
+    # and that stamp is read: a fast replay would stamp it again first, unseen
+    c.stop_workers()
+    r = cli(c, monkeypatch, "flows", "resume", resumed)
     assert r.exit_code == 0, r.output
     asked = held_at(c, resumed)
+    deploy(c, "2")
     wait_for(lambda: held_at(c, resumed) > asked, T, "the resumed replay")
     logged = [e for e in c.events(resumed) if e.get("event") == "flow_diverged"]
     assert len(logged) == 1 and logged[0]["seq"] == 2 and logged[0]["held"] is True
