@@ -44,8 +44,10 @@ class _LoopWake(Wake):
         self._hub = hub
 
     def set(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
-            self._hub.loop.call_soon_threadsafe(self._hub.poke)
+        loop = self._hub.loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+                loop.call_soon_threadsafe(self._hub.poke)
 
 
 class _Watch:
@@ -62,19 +64,30 @@ class _Watch:
 
 
 class Hub:
-    """Every ``aresult`` waiting on one event loop for one journal."""
+    """Every ``aresult`` waiting on one event loop for one journal.
+
+    An idle hub holds its loop only weakly (no task, no future, no Event bound to it): it
+    is the value of a WeakKeyDictionary keyed by that loop, so a strong reference would
+    keep every finished loop (and its hub) alive for the life of the process."""
 
     def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
-        self.rt, self.loop = rt, loop
+        self.rt, self._loop = rt, weakref.ref(loop)
         self._steps: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._sagas: dict[str, set[asyncio.Future[None]]] = {}
         #: per waited saga: its notification registration, and how many wait on it
         self._watches: dict[str, _Watch] = {}
-        self._poked = asyncio.Event()
+        self._poked = False
+        self._wakeup: asyncio.Future[None] | None = None  # only while _run sleeps
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop()
+
     def poke(self) -> None:
-        self._poked.set()
+        self._poked = True
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     async def wait_step(self, saga_id: str, seq: int) -> None:
         """Returns once the step has an outcome (cancel it for a timeout)."""
@@ -86,14 +99,16 @@ class Hub:
 
     async def _wait(self, table: dict[Any, set[asyncio.Future[None]]], key: Any,
                     saga_id: str) -> None:
-        fut: asyncio.Future[None] = self.loop.create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         table.setdefault(key, set()).add(fut)
         try:
             watch = self._watch(saga_id)
             # a cancelled wait leaves the registration to finish, then to be undone
             await asyncio.shield(watch.entered)
             if self._task is None or self._task.done():
-                self._task = self.loop.create_task(self._run(), name="sagaworker-aresult")
+                self._task = loop.create_task(self._run(), name="sagaworker-aresult")
+                self._task.add_done_callback(self._ran)
             self.poke()
             await fut
         finally:
@@ -129,10 +144,21 @@ class Hub:
     def _listening(self) -> bool:
         return bool(self._watches) and all(w.wake.listening for w in self._watches.values())
 
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        if self._task is task:
+            self._task = None
+
     async def _run(self) -> None:
+        try:
+            await self._reads()
+        finally:
+            self._wakeup = None
+
+    async def _reads(self) -> None:
         delay = FIRST_DELAY
+        loop = asyncio.get_running_loop()
         while self._steps or self._sagas:
-            self._poked.clear()  # before the read: a change committed after it pokes again
+            self._poked = False  # before the read: a change committed after it pokes again
             steps, sagas = list(self._steps), list(self._sagas)
             try:
                 done_steps, done_sagas = await offload(self.rt.journal.settled, steps, sagas)
@@ -148,11 +174,16 @@ class Hub:
                 for fut in self._sagas.get(saga_id, ()):
                     if not fut.done():
                         fut.set_result(None)
+            if self._poked:
+                continue
             pause = SAFETY_POLL if self._listening() else delay
+            self._wakeup = loop.create_future()
             try:
-                await asyncio.wait_for(self._poked.wait(), pause)
+                await asyncio.wait_for(self._wakeup, pause)
             except TimeoutError:
                 delay = min(delay * 1.5, MAX_DELAY)
+            finally:
+                self._wakeup = None
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Hub]] = (
