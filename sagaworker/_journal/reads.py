@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from .._base.canonical import unstorable
@@ -68,6 +68,15 @@ _JOINED = (select(*[c.label(f"saga_{c.name}") for c in sagas.c], *entries.c)
 
 _ENTRY = select(entries).where(entries.c.saga_id == bindparam("saga_id"),
                                entries.c.seq == bindparam("seq"))
+
+#: how many later outcomes one ``entry_and_outcomes`` read brings at most
+NEAR = 64
+#: a step's entry and the saga's entries from it on that have an outcome
+_NEAR = (select(entries).where(
+    entries.c.saga_id == bindparam("saga_id"), entries.c.seq >= bindparam("seq"),
+    or_(entries.c.seq == bindparam("seq"),
+        entries.c.phase.not_in([Phase.INTENT.value, Phase.AWAITING_APPROVAL.value])))
+    .order_by(entries.c.seq).limit(NEAR))
 
 
 class JournalReads:
@@ -128,6 +137,16 @@ class JournalReads:
             if self.reader.dialect.name == "postgresql":
                 conn.execution_options(isolation_level="AUTOCOMMIT")
             return conn.execute(_ENTRY, {"saga_id": saga_id, "seq": seq}).first()
+
+    def entry_and_outcomes(self, saga_id: str, seq: int) -> tuple[Any, list[Any]]:
+        """Entry ``seq`` (None when there is none) and the entries of the same saga from it
+        on that have an outcome (at most ``NEAR``), in one statement: an outcome is final,
+        so a producer that waits on its steps in turn reads once per saga, not per step."""
+        with self.reader.connect() as conn:
+            if self.reader.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+            rows = conn.execute(_NEAR, {"saga_id": saga_id, "seq": seq}).all()
+        return (rows[0] if rows and rows[0].seq == seq else None), list(rows)
 
     def inspect(self, saga_id: str) -> SagaRecord:
         _lookup_id(saga_id)

@@ -23,6 +23,8 @@ from . import aio
 from .producer import Producer
 
 _R = TypeVar("_R")
+#: the phases of a step that has no outcome yet
+_PENDING = (Phase.INTENT, Phase.AWAITING_APPROVAL)
 
 __all__ = ["Saga", "Step", "SyncSaga", "poll", "saga_secrets"]
 
@@ -55,9 +57,13 @@ def poll(check: Callable[[], Any], timeout: float | None, what: str,
 class Step:
     """A journaled tool step; ``result()`` waits for its outcome in the journal."""
 
-    def __init__(self, rt: Runtime, saga_id: str, seq: int, task_id: str, tool: str) -> None:
+    def __init__(self, rt: Runtime, saga_id: str, seq: int, task_id: str, tool: str,
+                 outcomes: dict[int, Any] | None = None) -> None:
         self.rt, self.saga_id, self.seq, self.task_id, self.tool_name = (
             rt, saga_id, seq, task_id, tool)
+        #: the outcomes read so far of the saga's steps, shared by the steps one handle
+        #: enqueued (an outcome is final: EXECUTED, FAILED, CANCELLED, REJECTED)
+        self._outcomes: dict[int, Any] = {} if outcomes is None else outcomes
 
     def __repr__(self) -> str:
         return f"<Step {self.saga_id}#{self.seq} {self.tool_name}>"
@@ -86,20 +92,30 @@ class Step:
 
         # one read first: a step that has its outcome registers no wait (on PostgreSQL a
         # write); the poll below reads again once its wake is armed, so nothing is missed
-        row = check()
-        if row is None:
+        row = self._read()
+        if row.phase in _PENDING:
             with self.rt.journal.watch(self.saga_id) as wake:
                 row = poll(check, timeout, self._what(), wake)
         return self._outcome(row)
 
+    def _read(self) -> Any:
+        """This step's entry: known from an earlier step's read of the saga, else read
+        with the outcomes of the saga's later steps (one statement), kept for them."""
+        known = self._outcomes.get(self.seq)
+        if known is not None:
+            return known
+        own, rows = self.rt.journal.entry_and_outcomes(self.saga_id, self.seq)
+        if own is None:
+            raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the journal "
+                               "(pruned, or another journal)")
+        self._outcomes.update((r.seq, r) for r in rows if r.phase not in _PENDING)
+        return own
+
     async def aresult(self, timeout: float | None = None) -> Any:
         """``result()``, awaitable: no thread waits (``aio``). Like ``result()`` it reads
         the journal once before it waits (``timeout=0``: that one read)."""
-        row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
-        if row is None:
-            raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the journal "
-                               "(pruned, or another journal)")
-        if row.phase in (Phase.INTENT, Phase.AWAITING_APPROVAL):
+        row: Any = self._outcomes.get(self.seq) or await aio.offload(self._read)
+        if row.phase in _PENDING:
             hub = await aio.hub_of(self.rt)
             await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout, self._what())
             row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
@@ -130,6 +146,8 @@ class Saga:
         self.rt, self.producer, self.saga_id = rt, producer, saga_id
         #: the saga's start span's context (tracing): its enqueue spans' parent
         self.trace_context = trace_context
+        #: the outcomes its steps' ``result()`` read, shared by them (``Step._read``)
+        self._outcomes: dict[int, Any] = {}
 
     def __repr__(self) -> str:
         return f"<Saga {self.saga_id}>"
@@ -141,7 +159,7 @@ class Saga:
     def _steps(self, calls: list[tuple[Any, Any, dict[str, Any]]],
                connection: Any = None) -> list[Step]:
         tx = None if connection is None else AppTx(self.rt.journal.engine, connection)
-        return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name)
+        return [Step(self.rt, self.saga_id, seq, e.task_id, e.tool_name, self._outcomes)
                 for seq, e in self.producer.enqueue(self.saga_id, calls, tx=tx,
                                                     parent=self.trace_context)]
 
@@ -170,7 +188,7 @@ class Saga:
         seq, task_id, name = self.producer.enqueue_call(self.saga_id, call_id, tool,
                                                         tuple(args), dict(kwargs or {}),
                                                         self.trace_context)
-        return Step(self.rt, self.saga_id, seq, task_id, name)
+        return Step(self.rt, self.saga_id, seq, task_id, name, self._outcomes)
 
     async def aenqueue_call(self, call_id: str, tool: Any, args: Iterable[Any] = (),
                             kwargs: dict[str, Any] | None = None) -> Step:
