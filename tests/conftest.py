@@ -28,9 +28,13 @@ UNIT_SECRET = "unit-secret-0123456789abcdefghijklmnop"
 RUN_ID = uuid.uuid4().hex[:8]
 _AMQP = os.environ.get("SAGAWORKER_TEST_AMQP_URL")
 _VHOST = None if _AMQP else f"sw-test-{os.getpid()}-{RUN_ID}"
+_REDIS = os.environ.get("SAGAWORKER_TEST_REDIS_URL")
 BROKERS = {"rabbitmq": _AMQP or f"amqp://guest:guest@127.0.0.1:5672/{_VHOST}",
-           "redis": os.environ.get("SAGAWORKER_TEST_REDIS_URL")
-           or f"redis://127.0.0.1:6379/{1 + int(RUN_ID, 16) % 11}"}
+           "redis": _REDIS or "redis://127.0.0.1:6379/15"}  # (the db own_brokers claims)
+#: a broker URL this run must not use, and why (its tests skip, or fail with CI=true)
+_UNUSABLE: dict[str, str] = {}
+#: the key that says which run holds a Redis database, and its value for this run
+_REDIS_MARK, _REDIS_OWNER = "sagaworker-test-run", f"{os.getpid()}-{RUN_ID}"
 
 
 def _rabbitmqctl(*args: str) -> bool:
@@ -87,23 +91,55 @@ def _reap_databases() -> list[str]:
 @pytest.fixture(scope="session", autouse=True)
 def own_brokers() -> Iterator[None]:
     """The run's RabbitMQ vhost, made for it and deleted with it (with every queue a test
-    left: an interrupted run leaks no queue into the default vhost); its Redis database
-    flushed at the end. Without rabbitmqctl here (a remote broker), the default vhost.
-    The databases and vhosts killed runs left are dropped first."""
+    left: an interrupted run leaks no queue into the default vhost), and a Redis database
+    that was empty, claimed for the run and flushed at its end. Never the default vhost or
+    a database someone else's data is in: without rabbitmqctl here (a remote broker) the
+    RabbitMQ tests skip (fail with CI=true) and say to set SAGAWORKER_TEST_AMQP_URL. The
+    databases, vhosts and Redis databases killed runs left are dropped first."""
     _reap_databases()
     _reap_vhosts()
     made = _VHOST is not None and _rabbitmqctl("add_vhost", _VHOST) and _rabbitmqctl(
         "set_permissions", "-p", _VHOST, "guest", ".*", ".*", ".*")
     if _VHOST is not None and not made:
-        BROKERS["rabbitmq"] = "amqp://guest:guest@127.0.0.1:5672//"
+        _UNUSABLE[BROKERS["rabbitmq"]] = (
+            f"rabbitmqctl could not make this run's vhost {_VHOST!r} (set "
+            "SAGAWORKER_TEST_AMQP_URL to an amqp:// URL of a vhost of your own)")
+    claimed = _REDIS is None and _claim_redis_db()
     yield
     if made:
         _rabbitmqctl("delete_vhost", str(_VHOST))
-    if "SAGAWORKER_TEST_REDIS_URL" not in os.environ:
+    if claimed:
         with contextlib.suppress(Exception):
-            import redis
+            client = _redis(BROKERS["redis"])
+            if client.get(_REDIS_MARK) in (_REDIS_OWNER.encode(), None):  # (None: the
+                client.flushdb()  # fault tests restarted Redis, which keeps nothing)
 
-            redis.Redis.from_url(BROKERS["redis"]).flushdb()
+
+def _redis(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=3)
+
+
+def _claim_redis_db() -> bool:
+    """Point BROKERS["redis"] at a database of this run's own: one that is empty (or that a
+    killed run left, flushed first), marked with this run's pid; False without Redis (its
+    tests say so) or without such a database (they say what to set)."""
+    try:
+        for db in range(1, 16):
+            url = f"redis://127.0.0.1:6379/{db}"
+            client = _redis(url)
+            owner = (client.get(_REDIS_MARK) or b"").decode()
+            if owner and not os.path.exists(f"/proc/{owner.split('-')[0]}"):
+                client.flushdb()  # a killed run's
+            if client.dbsize() == 0 and client.set(_REDIS_MARK, _REDIS_OWNER, nx=True):
+                BROKERS["redis"] = url
+                return True
+    except Exception:  # (no Redis here: the tests that need it say so)
+        return False
+    _UNUSABLE[BROKERS["redis"]] = ("no Redis database 1-15 is empty for this run (set "
+                                   "SAGAWORKER_TEST_REDIS_URL to a database of your own)")
+    return False
 
 
 def need(service: str, check: Callable[[], Any]) -> None:
@@ -126,6 +162,9 @@ def _pg() -> None:
 def _broker(url: str) -> Callable[[], None]:
     def check() -> None:
         from kombu import Connection
+
+        if url in _UNUSABLE:
+            raise ConnectionError(_UNUSABLE[url])
 
         with Connection(url, connect_timeout=3) as c:
             c.ensure_connection(max_retries=1, timeout=3)
