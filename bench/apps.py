@@ -171,6 +171,11 @@ def _sagaworker_tools(sw: Any) -> dict[str, Any]:
     def noop(key: str) -> int:
         return work(key)
 
+    @sw.tool(name="bench.sw.idle")  # type: ignore[untyped-decorator]
+    def idle(key: str) -> None:
+        """A tool whose work is removed (``bench.ceiling``): it returns at once."""
+        return None
+
     @sw.tool(name="bench.sw.reserve", compensable_by="release")  # type: ignore[untyped-decorator]
     def reserve(key: str) -> int:
         return work(key)
@@ -179,4 +184,4 @@ def _sagaworker_tools(sw: Any) -> dict[str, Any]:
     def release() -> None:
         return None
 
-    return {"noop": noop, "reserve": reserve}
+    return {"noop": noop, "idle": idle, "reserve": reserve}

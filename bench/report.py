@@ -140,6 +140,17 @@ def render(r: dict[str, Any]) -> str:
                    + ", ".join(f"{k} {v}" for k, v in at["ms_per_turn"].items())
                    + f"; added sagaworker/DBOS {at.get('sagaworker_over_dbos_per_turn')}"
                    + f"; replay ms {at['replay_ms_with_turns_journaled']}")
+    ce = r.get("ceiling")
+    if isinstance(ce, dict) and "rows" in ce:
+        out.append(f"\n### Where the step rate stops ({ce['broker']}, {ce['per_saga']} steps "
+                   "a saga; bench.ceiling)\n")
+        out.append(_table(
+            ["set-up", "steps/s", "cores busy", "backends waiting on a Lock",
+             "ctx switches/step", "producer CPU ms/step", "write tx/step"],
+            [[k, f"{v['steps_per_s']:.0f}", f"{v['cpu_busy_share']:.2f}",
+              f"{v['backends_Lock']:.3f}", f"{v['ctx_switches_per_step']:.1f}",
+              f"{v['cpu_ms_producer']:.2f}", f"{v['write_tx_per_step']:.2f}"]
+             for k, v in ce["rows"].items()]))
     return "\n".join(out)
 
 

@@ -84,6 +84,8 @@ class Bench:
             time.sleep(0.5)
             self.rss_idle[name] = w.rss_mib()
         self._n = 0
+        #: more workers on the same queues (bench.ceiling)
+        self.extra: list[Worker] = []
 
     def tag(self, what: str) -> str:
         self._n += 1
