@@ -111,14 +111,25 @@ def own_brokers() -> Iterator[None]:
     if claimed:
         with contextlib.suppress(Exception):
             client = _redis(BROKERS["redis"])
-            if client.get(_REDIS_MARK) in (_REDIS_OWNER.encode(), None):  # (None: the
-                client.flushdb()  # fault tests restarted Redis, which keeps nothing)
+            if client.get(_REDIS_MARK) == _REDIS_OWNER.encode():
+                client.flushdb()
 
 
 def _redis(url: str) -> Any:
     import redis
 
     return redis.Redis.from_url(url, socket_connect_timeout=3)
+
+
+#: the Redis database this run claimed (its mark is set again after a Redis restart)
+_CLAIMED: list[str] = []
+
+
+def remark_redis() -> None:
+    """After the fault tests restarted Redis (which keeps nothing): the run's mark again,
+    so the database stays this run's (and is flushed at its end)."""
+    if _CLAIMED:
+        _redis(_CLAIMED[-1]).set(_REDIS_MARK, _REDIS_OWNER, nx=True)
 
 
 def _claim_redis_db() -> bool:
@@ -134,6 +145,7 @@ def _claim_redis_db() -> bool:
                 client.flushdb()  # a killed run's
             if client.dbsize() == 0 and client.set(_REDIS_MARK, _REDIS_OWNER, nx=True):
                 BROKERS["redis"] = url
+                _CLAIMED.append(url)
                 return True
     except Exception:  # (no Redis here: the tests that need it say so)
         return False

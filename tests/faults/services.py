@@ -53,6 +53,9 @@ def start_redis() -> None:
         _run('redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" '
              "--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log")
         _wait(6379, True)
+        from tests.conftest import remark_redis
+
+        remark_redis()  # the run's database stays its own
 
 
 def restart_redis(down_for: float = 2.0) -> None:
