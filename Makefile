@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo agent-demo test lint bench faults fuzz mutants clean venv web browser pooler pythons lowest
+.PHONY: demo agent-demo test lint bench faults slow fuzz mutants clean venv web browser pooler pythons lowest
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
@@ -43,6 +43,10 @@ lowest:
 
 faults: $(STAMP)
 	FAULT_SCALE=large $(BIN)/pytest tests/faults
+
+# the slow tests make test runs on one broker (marked one_broker), on both
+slow: $(STAMP)
+	SAGAWORKER_TEST_BOTH_BROKERS=1 $(BIN)/pytest -m one_broker
 
 # the state machine's model checker with a long random budget (make test runs a fixed one);
 # a failure reports at once (no shrinking), a pass takes minutes: past the usual timeout

@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,34 @@ def _claim_redis_db() -> bool:
     _UNUSABLE[BROKERS["redis"]] = ("no Redis database 1-15 is empty for this run (set "
                                    "SAGAWORKER_TEST_REDIS_URL to a database of your own)")
     return False
+
+
+#: make slow: every test on both brokers (make test runs a test marked one_broker on one)
+BOTH_BROKERS = os.environ.get("SAGAWORKER_TEST_BOTH_BROKERS") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A slow test marked ``one_broker`` keeps one of its broker variants in ``make test``
+    (which must stay under its budget): the one its name picks, so each broker takes its
+    share of those tests. ``make slow`` runs them on both."""
+    if BOTH_BROKERS:
+        return
+    names = sorted(BROKERS)
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        broker = None if spec is None else next(
+            (v for v in spec.params.values() if isinstance(v, str) and v in BROKERS), None)
+        if broker is not None and item.get_closest_marker("one_broker") is not None:
+            rest = item.nodeid.replace(broker, "")
+            if broker != names[zlib.crc32(rest.encode()) % len(names)]:
+                dropped.append(item)
+                continue
+        keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def need(service: str, check: Callable[[], Any]) -> None:

@@ -14,6 +14,7 @@ T = 60
 
 
 @pytest.mark.parametrize("how", ["ignore", "reject", "requeue"])
+@pytest.mark.one_broker
 def test_a_tool_raising_ignore_or_reject_is_failed_once(crash_cluster: Cluster,
                                                        how: str) -> None:
     """``raise Ignore()`` / ``Reject(requeue=False|True)`` in a tool: the step is FAILED

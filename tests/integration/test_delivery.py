@@ -90,6 +90,7 @@ def test_pool_child_killed_mid_tool_is_in_doubt(crash_cluster: Cluster) -> None:
     assert ev[0]["level"] == "error" and ev[0]["attempts"] == 1
 
 
+@pytest.mark.one_broker
 def test_idempotent_step_is_run_again_with_the_same_key(crash_cluster: Cluster) -> None:
     """An idempotent step whose process died runs again and reaches EXECUTED."""
     c = crash_cluster
@@ -148,6 +149,7 @@ def test_stalled_chain_resumes_from_the_journal(crash_cluster: Cluster) -> None:
     assert [r for r in c.ledger(key) if r.kind == "repeat"] == []
 
 
+@pytest.mark.one_broker
 def test_undo_longer_than_its_lease_runs_once(crash_cluster: Cluster) -> None:
     """An undo taking 3x the lease (4 s) keeps its lease by heartbeat: the sweeper, which
     looks for stalled chains every second, never starts a second try beside it."""

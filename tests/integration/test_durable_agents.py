@@ -31,6 +31,16 @@ def effects(c: Cluster, key: str) -> list[str]:
     return [r.tool for r in c.ledger(key) if r.kind == "effect"]
 
 
+def gone(pid: int) -> bool:
+    """The process is dead: no longer there, or a zombie its parent has not reaped yet
+    (``kill(pid, 0)`` still succeeds on a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def killed_mid_request(c: Cluster, key: str, saga: Any) -> None:
     """SIGKILL of the process holding the run's first model request (it has started and
     the model was asked); the run completes, only that request sent twice."""
@@ -41,11 +51,11 @@ def killed_mid_request(c: Cluster, key: str, saga: Any) -> None:
     os.kill(pid, signal.SIGKILL)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPLETED, res.error
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # the kill hit the process that held the request
+    assert gone(pid)  # the kill hit the process that held the request
     assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
 
 
+@pytest.mark.one_broker
 def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> None:
     """Each model turn is a journaled step: the replays after each tool step read the
     turns before it from the journal (three requests for two tools, not six)."""
@@ -96,6 +106,7 @@ def test_a_declined_card_cancels_the_hotel(crash_cluster: Cluster) -> None:
     assert turns(c, key) == ["turn-0", "turn-1"]
 
 
+@pytest.mark.one_broker
 def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
         crash_cluster: Cluster) -> None:
     """The voucher waits at its gate; every worker stops; a new one, after the signed
@@ -172,6 +183,7 @@ def test_a_rejected_or_overdue_gate_ends_the_run_and_compensates(crash_cluster: 
     assert "send_voucher" not in effects(c, key)
 
 
+@pytest.mark.one_broker
 def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Cluster) -> None:
     """A request that outlasts its claim's lease twice over: the worker's heartbeat
     keeps the claim, so the sweeper hands the flow to nobody else (no second request)."""
@@ -181,6 +193,7 @@ def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Clust
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
 
 
+@pytest.mark.one_broker
 def test_a_worker_killed_during_a_tool_is_resumed_without_asking_the_model_again(
         crash_cluster: Cluster) -> None:
     """SIGKILL of the process running an idempotent tool the model asked for: the step is
@@ -196,7 +209,6 @@ def test_a_worker_killed_during_a_tool_is_resumed_without_asking_the_model_again
     os.kill(pid, signal.SIGKILL)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPLETED, res.error
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # the kill hit the process running the tool
+    assert gone(pid)  # the kill hit the process running the tool
     assert effects(c, key) == ["quote_room", "quote_room", "book_hotel", "charge_card"]
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2", "turn-3"]

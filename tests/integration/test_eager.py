@@ -69,6 +69,7 @@ def test_a_tool_celery_retries_is_published_not_run_eagerly(cluster: Cluster) ->
     assert got == [(1, True), (2, False), (3, True)]
 
 
+@pytest.mark.one_broker
 def test_eager_steps_can_be_turned_off(cluster: Cluster) -> None:
     """SAGAWORKER_EAGER_STEPS=false: every step of a flow is published."""
     cluster.stop_workers()
@@ -94,6 +95,7 @@ def _kill_eager_step(c: Cluster, key: str, seq: int) -> dict[str, Any]:
     return intent[0]
 
 
+@pytest.mark.one_broker
 def test_killed_during_an_eager_idempotent_step_it_runs_again(crash_cluster: Cluster) -> None:
     """The pool process dies inside an eager step: its lease lapses, the sweeper delivers
     it, the idempotent tool runs again; the flow goes on and completes, nothing twice."""

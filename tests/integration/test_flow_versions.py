@@ -56,6 +56,7 @@ def deploy(c: Cluster, code: str, **env: str) -> None:
     c.start_worker(TEST_FLOW_CODE=code, **env)
 
 
+@pytest.mark.one_broker
 def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     c, sw = cluster, cluster.sw

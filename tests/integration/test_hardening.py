@@ -146,6 +146,7 @@ def lone(request: pytest.FixtureRequest,
 
 # -- 1. late arrivals: latest first, one undo at a time -----------------------------------
 
+@pytest.mark.one_broker
 def test_late_arrival_is_undone_first_and_undos_never_overlap(cluster: Cluster) -> None:
     """A step still running when the saga fails is undone before every earlier step, and
     the earlier step's undo starts only after it ended (one undo at a time)."""
@@ -170,6 +171,7 @@ def test_late_arrival_is_undone_first_and_undos_never_overlap(cluster: Cluster) 
 
 # -- 2. an undo that kills its worker every time ----------------------------------------
 
+@pytest.mark.one_broker
 def test_undo_that_kills_its_worker_ends_compensation_failed(lone: Cluster) -> None:
     """An undo whose worker dies on every try is tried 1 + retries times (a death counts
     as a try), ends COMPENSATION_FAILED saying the worker died, the chain goes on, and
@@ -207,6 +209,7 @@ def test_undo_that_kills_its_worker_ends_compensation_failed(lone: Cluster) -> N
 
 # -- 3. an idempotent step whose attempt kills its worker every time ----------------------
 
+@pytest.mark.one_broker
 def test_idempotent_step_that_kills_its_worker_is_rerun_at_most_max_reruns(
         lone: Cluster) -> None:
     """An idempotent step whose attempt dies every time is re-run at most
@@ -319,6 +322,7 @@ def _drop_retry_message(c: Cluster, task_id: str) -> int:
     return gone
 
 
+@pytest.mark.one_broker
 def test_lost_celery_retry_message_is_sent_again(lone: Cluster) -> None:
     """A step waiting for a Celery retry whose message is lost (worker SIGKILLed, message
     purged) is sent again by the sweeper and reaches EXECUTED."""

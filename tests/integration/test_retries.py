@@ -20,6 +20,7 @@ def tries(c: Cluster, key: str, name: str = "b") -> list[Any]:
     return [r for r in c.ledger(key) if r.kind == "try" and r.tool == name]
 
 
+@pytest.mark.one_broker
 def test_a_tools_own_retry_with_a_countdown_runs_max_retries_plus_one(
         crash_cluster: Cluster) -> None:
     """``current_task.retry(countdown=6)`` with ``max_retries=1``: two runs, the second
@@ -39,6 +40,7 @@ def test_a_tools_own_retry_with_a_countdown_runs_max_retries_plus_one(
     assert (entry.phase, entry.attempts) == (Phase.FAILED, 2)
 
 
+@pytest.mark.one_broker
 def test_a_tools_own_retry_without_a_countdown_is_not_resent_early(
         crash_cluster: Cluster) -> None:
     """``current_task.retry()`` with no countdown waits Celery's default delay (180 s):
