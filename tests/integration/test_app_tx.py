@@ -146,6 +146,7 @@ def test_a_session_joined_to_an_outer_transaction_publishes_after_the_outer_comm
             assert handle.result(timeout=T) == "a-done"
 
 
+@pytest.mark.one_broker
 def test_a_long_lived_session_or_connection_keeps_its_listeners_once(
         crash_cluster: Cluster, app_engine: Engine) -> None:
     """Three transactions of one Session (and of one Connection) with a saga each: the

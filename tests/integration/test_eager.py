@@ -133,6 +133,7 @@ def test_killed_during_an_eager_step_it_is_in_doubt(crash_cluster: Cluster) -> N
     assert [(r.kind, r.tool) for r in c.ledger(key)] == [("effect", "a"), ("undo", "a")]
 
 
+@pytest.mark.one_broker
 def test_a_worker_with_a_time_limit_publishes_every_step(cluster: Cluster) -> None:
     """`celery worker --time-limit`: a chain of eager steps could outlive the limit of
     the delivery that carries it, so that worker runs none."""
