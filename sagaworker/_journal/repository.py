@@ -8,9 +8,7 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 
 from __future__ import annotations
 
-import functools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
@@ -38,49 +36,22 @@ from .._base.types import (
 from .._observe.logging import get_logger
 from . import pgfast as _pgfast
 from .app_tx import AppTx
-from .dialect import db_later, db_now, is_busy, listens, read_only
+from .dialect import db_later, db_now, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
 from .reads import JournalReads, NewEntry
 from .rows import idempotency_key
 from .schema import audit, entries, sagas
+from .transactions import DB_RETRY_SECONDS, retrying
+from .transactions import write as _write
 
-__all__ = ["Journal", "NewEntry", "idempotency_key", "now"]
+__all__ = ["DB_RETRY_SECONDS", "Journal", "NewEntry", "idempotency_key", "now", "retrying"]
 
 _log = get_logger()
 
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
-#: how long a worker-side transaction is retried while the database is unreachable
-DB_RETRY_SECONDS = 60.0
-#: how long a producer write is replayed while SQLite stays busy (after its busy timeout)
-BUSY_RETRY_SECONDS = 5.0
-
-
-def retrying(fn: Callable[_P, _T]) -> Callable[_P, _T]:
-    """Retry one whole transaction on a lost connection (a PostgreSQL restart, a failover).
-
-    Safe because every transition is a compare-and-set: replaying one whose commit was
-    in fact applied changes nothing.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        deadline = time.monotonic() + DB_RETRY_SECONDS
-        delay = 0.1
-        while True:
-            try:
-                return fn(*args, **kwargs)
-            except (OperationalError, InterfaceError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                _log.warning("database_retry", error=str(exc).splitlines()[0][:200],
-                             retry_in_s=delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    return wrapper
 
 
 def now() -> datetime:
@@ -111,57 +82,10 @@ class Journal(JournalReads):
 
     def write(self, body: Callable[[Connection], _T],
               landed: Callable[[], _T | None] | None = None) -> _T:
-        """Run ``body`` in a write transaction, replayed when it failed before COMMIT.
-
-        Replayed: a lost connection (once), and a busy SQLite (``database is locked``:
-        another writer held the lock past the busy timeout) on a short backoff, for at
-        most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
-        *during* COMMIT is never replayed (an insert whose commit landed would journal a
-        step twice): once the server is done with the transaction (``_pgfast.settle``),
-        ``landed`` tells from the data whether it committed, and then what it wrote is the
-        answer, as if the reply had come; otherwise the error propagates.
-        """
-        lost_replayed = False
-        busy_until: float | None = None
-        delay = 0.01
-        while True:
-            committing, pid = False, None
-            try:
-                with self.engine.connect() as conn:
-                    trans = conn.begin()  # BEGIN IMMEDIATE on SQLite: may itself be busy
-                    try:
-                        value = body(conn)
-                    except BaseException:
-                        trans.rollback()
-                        raise
-                    committing = True
-                    pid = _pgfast.backend_pid(conn)
-                    trans.commit()
-                    return value
-            except (OperationalError, InterfaceError) as exc:
-                if committing:
-                    if landed is None:
-                        raise
-                    setattr(exc, "sagaworker_backend_pid", pid)  # noqa: B010 (for settle)
-                    _pgfast.settle(self.engine, exc)
-                    found = landed()
-                    if found is None:
-                        raise
-                    _log.warning("database_commit_reply_lost", detail="the transaction "
-                                 "committed (its rows are in the journal): answered from them")
-                    return found
-                if is_busy(exc):
-                    t = time.monotonic()
-                    busy_until = t + BUSY_RETRY_SECONDS if busy_until is None else busy_until
-                    if t + delay > busy_until:
-                        raise
-                    _log.info("database_busy", retry_in_s=round(delay, 3))
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.5)
-                    continue
-                if lost_replayed:
-                    raise
-                lost_replayed = True
+        """Run ``body`` in a write transaction (``transactions.write``: replayed when it
+        failed before COMMIT, answered from ``landed`` when only the COMMIT's reply was
+        lost)."""
+        return _write(self.engine, body, landed)
 
     def create_all(self) -> None:
         """The embedded journal's tables, stamped with the code's revision (``embedded``)."""

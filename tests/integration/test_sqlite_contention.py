@@ -167,12 +167,12 @@ def test_a_long_read_does_not_block_a_writer(sqlite_sw: Any,
     (busy timeout 0) nor replays, so a write the reader blocked would raise."""
     from sqlalchemy import event, select
 
-    from sagaworker._journal import repository
+    from sagaworker._journal import transactions
     from sagaworker._journal.schema import sagas
 
     sw = sqlite_sw
     sw.begin("before")
-    monkeypatch.setattr(repository, "BUSY_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(transactions, "BUSY_RETRY_SECONDS", 0.0)
     event.listen(sw.journal.engine, "checkout",
                  lambda dbapi, rec, proxy: dbapi.execute("PRAGMA busy_timeout = 0"))
     with sw.journal.reader.connect() as conn:
@@ -222,7 +222,7 @@ def test_a_busy_write_gives_up_after_a_few_seconds(tmp_path: Path,
 
     from sqlalchemy.exc import OperationalError
 
-    from sagaworker._journal import repository as _journal
+    from sagaworker._journal import transactions as _journal
 
     monkeypatch.setattr(_journal, "BUSY_RETRY_SECONDS", 0.5)
     journal = _short_timeout_journal(tmp_path / "g.db")
