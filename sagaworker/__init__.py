@@ -11,6 +11,7 @@ from ._base.errors import (
     SagaExists,
     SagaNotFound,
     SagaworkerError,
+    SealedElsewhere,
     ToolFailed,
 )
 from ._base.jsonable import plain
@@ -62,6 +63,7 @@ __all__ = [
     "SagaStatus",
     "Sagaworker",
     "SagaworkerError",
+    "SealedElsewhere",
     "Settings",
     "Step",
     "SyncSaga",

@@ -12,6 +12,14 @@ shaped like a Fernet token). Reading an encrypted value without keys, or with ke
 which decrypts it, raises :class:`ConfigurationError` naming the setting, never a garbage
 value.
 
+Each value is sealed for its place: the column and the row it is written to (the saga; an
+entry's arguments also the step's task id, its result its seq), sealed inside the token
+(Fernet has no associated data). A read checks the place against the row it came from,
+which SQL puts beside the stored value (:meth:`SealedJSON.column_expression`), so a
+ciphertext copied into another row or column with SQL is refused
+(:class:`SealedElsewhere`), never read as that row's value. A token sealed before places
+were (its plaintext is the bare JSON) still reads; ``db rotate-key`` seals it for its place.
+
 The cipher is found through the engine's dialect (one per engine): each ``Sagaworker``
 attaches its own when it makes its engine, so several in one process, each with its own
 database and keys, do not mix. An engine nobody attached a cipher to (plain SQL tools,
@@ -22,22 +30,32 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from pydantic import SecretStr
-from sqlalchemy import JSON, Engine
+from sqlalchemy import JSON, ColumnElement, Engine
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import type_coerce
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import Label
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from .canonical import RESERVED_KEY, from_wire, to_wire
-from .errors import ConfigurationError
+from .errors import ConfigurationError, SealedElsewhere
 
-__all__ = ["MARKER", "SETTING", "Cipher", "SealedJSON", "attach", "cipher_for", "cipher_of",
-           "is_sealed", "parse_keys"]
+__all__ = ["MARKER", "SETTING", "Cipher", "Placed", "SealedElsewhere", "SealedJSON", "attach",
+           "cipher_for", "cipher_of", "is_sealed", "parse_keys"]
 
 #: the one key of the JSON object an encrypted value is stored as (reserved)
 MARKER = RESERVED_KEY
+#: the key SQL adds beside ``MARKER`` when it reads a sealed value: the row's place
+AT = "$sagaworker_at"
+#: a sealed plaintext that names its place starts with this (a bare JSON value never does)
+_PLACED = b"@"
 SETTING = "SAGAWORKER_ENCRYPTION_KEYS"
 MAKE_KEY = ('python -c "from cryptography.fernet import Fernet; '
             'print(Fernet.generate_key().decode())"')
@@ -70,6 +88,14 @@ def fingerprint(key: str) -> str:
                     hashlib.sha256).hexdigest()[:16]
 
 
+class Placed(NamedTuple):
+    """A value to write to a sealed column, with its row's place: the values of the
+    column's place columns (``SealedJSON.place``), in that order."""
+
+    value: Any
+    at: tuple[Any, ...]
+
+
 class Cipher:
     """The keys of ``SAGAWORKER_ENCRYPTION_KEYS``: seals with the first, opens with any."""
 
@@ -83,13 +109,18 @@ class Cipher:
         self._first = Fernet(keys[0])
         self._all = MultiFernet([Fernet(k) for k in keys])
 
-    def seal(self, value: Any) -> dict[str, str]:
-        """``value`` (JSON-ready) as the stored wrapper, encrypted with the first key."""
-        plain = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        return {MARKER: self._all.encrypt(plain.encode()).decode("ascii")}
+    def seal(self, value: Any, place: Sequence[Any]) -> dict[str, str]:
+        """``value`` (JSON-ready) as the stored wrapper, encrypted with the first key for
+        ``place`` (the column's name, then its row's place values)."""
+        plain = json.dumps({"at": list(place), "v": value}, separators=(",", ":"),
+                           ensure_ascii=False)
+        return {MARKER: self._all.encrypt(_PLACED + plain.encode()).decode("ascii")}
 
-    def open(self, sealed: dict[str, str], where: str) -> Any:
-        """The clear value of a stored wrapper; ConfigurationError if no key decrypts it."""
+    def open(self, sealed: dict[str, str], where: str,
+             place: Sequence[Any] | None) -> Any:
+        """The clear value of a stored wrapper read from ``place`` (None: only whether a
+        key opens it). ConfigurationError if no key decrypts it; SealedElsewhere if it was
+        sealed for another place."""
         from cryptography.fernet import InvalidToken
 
         try:
@@ -99,7 +130,19 @@ class Cipher:
                 f"none of the keys in {SETTING} decrypts {where} in the journal: it was "
                 "written with another key; list that key too (after the current first "
                 "one), or restore the keys the journal was written with") from None
-        return json.loads(plain)
+        if not plain.startswith(_PLACED):
+            return json.loads(plain)  # sealed before places were: db rotate-key places it
+        got = json.loads(plain[1:])
+        if place is not None and got["at"] != list(place):
+            raise SealedElsewhere(
+                f"the value in {_row(place)} was sealed for {_row(got['at'])}: it was "
+                "copied there with SQL, not journaled, and is not read; restore the row "
+                "from a backup (or delete the saga)")
+        return got["v"]
+
+    def is_placed(self, sealed: dict[str, str]) -> bool:
+        """Sealed for its place (not a token sealed before places were)."""
+        return bool(self._all.decrypt(sealed[MARKER].encode("ascii")).startswith(_PLACED))
 
     def is_current(self, sealed: dict[str, str]) -> bool:
         """Encrypted with the first key already (``db rotate-key`` leaves it as it is)."""
@@ -110,6 +153,13 @@ class Cipher:
         except (InvalidToken, UnicodeEncodeError):
             return False
         return True
+
+
+def _row(place: Sequence[Any]) -> str:
+    """A place for people: ``sagaworker_entries.args (saga 'a', task 'x')``."""
+    names = ("saga", "task" if str(place[0]).endswith("args") else "step")
+    return f"{place[0]} (" + ", ".join(
+        f"{n} {v!r}" for n, v in zip(names, place[1:], strict=False)) + ")"
 
 
 def cipher_of(keys: SecretStr | str | None) -> Cipher | None:
@@ -161,18 +211,23 @@ def _is_token(token: str) -> bool:
 class SealedJSON(TypeDecorator[Any]):
     """JSON (JSONB on PostgreSQL) whose values are encrypted when the engine has a cipher.
 
-    ``what`` names the column in errors. ``None`` is stored as it always was (it tells
-    nothing), and the args digest is taken over the clear values before they get here.
-    ``container``: the column holds a dict by construction (kwargs, metadata), whose own
-    keys are never read as kombu's type tag.
+    ``what`` names the column (errors, and the place a value is sealed for); ``place``:
+    the columns of its row that place a value (the saga id, and a step's task id or seq).
+    A value is written as :class:`Placed` (with those columns' values), whether or not a
+    cipher is attached: a write that does not know its row is a bug, found in every test.
+    ``None`` is stored as it always was (it tells nothing), and the args digest is taken
+    over the clear values before they get here. ``container``: the column holds a dict by
+    construction (kwargs, metadata), whose own keys are never read as kombu's type tag.
     """
 
     impl = JSON
     cache_ok = True
 
-    def __init__(self, what: str, container: bool = False) -> None:
+    def __init__(self, what: str, place: tuple[str, ...] = ("saga_id",),
+                 container: bool = False) -> None:
         super().__init__()
         self.what = what
+        self.place = place
         self.container = container
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
@@ -181,11 +236,35 @@ class SealedJSON(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
         if value is None:
             return None
-        value = to_wire(value)  # datetimes, Decimals, UUIDs as kombu's JSON tags them
+        if not isinstance(value, Placed):
+            raise TypeError(f"internal: {self.what} written without its row's place "
+                            "(crypto.Placed)")
+        if value.value is None:
+            return None
+        plain = to_wire(value.value)  # datetimes, Decimals, UUIDs as kombu's JSON tags them
         cipher = _ciphers.get(dialect)
-        return value if cipher is None else cipher.seal(value)
+        return plain if cipher is None else cipher.seal(plain, [self.what, *value.at])
+
+    def column_expression(self, colexpr: ColumnElement[Any]) -> ColumnElement[Any] | None:
+        """Read beside its row's place (the columns ``place`` names, of the same table,
+        alias or subquery), added by SQL to a sealed value only; None (as it is) where the
+        statement has no such columns, and then a placed token is refused."""
+        col = colexpr.element if isinstance(colexpr, Label) else colexpr
+        table = getattr(col, "table", None)
+        if table is None or not all(name in table.c for name in self.place):
+            return None
+        return type_coerce(_Located(col, *[table.c[name] for name in self.place]), self)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        at: Sequence[Any] | None = None
+        if isinstance(value, dict) and AT in value and MARKER in value:
+            value = dict(value)
+            at = value.pop(AT)
+        return self.open_at(value, dialect, at)
+
+    def open_at(self, value: Any, dialect: Dialect, at: Sequence[Any] | None) -> Any:
+        """A stored value read from the row whose place values are ``at`` (None: unknown,
+        a placed token is refused)."""
         if not is_sealed(value):
             return from_wire(value, container=self.container)
         cipher = _ciphers.get(dialect)
@@ -193,4 +272,30 @@ class SealedJSON(TypeDecorator[Any]):
             raise ConfigurationError(
                 f"{self.what} in the journal is encrypted; set {SETTING} to the keys it was "
                 "written with (the same value the workers have) to read it")
-        return from_wire(cipher.open(value, self.what), container=self.container)
+        place = [self.what, *(at if at is not None else ["(unknown row)"])]
+        return from_wire(cipher.open(value, self.what, place), container=self.container)
+
+
+class _Located(FunctionElement[Any]):
+    """``column`` with ``{AT: [place values]}`` added when it holds a sealed value."""
+
+    name = "sagaworker_located"
+    inherit_cache = True
+
+
+@compiles(_Located, "postgresql")
+def _located_pg(element: _Located, compiler: SQLCompiler, **kw: Any) -> str:
+    col, *place = [compiler.process(c, **kw) for c in element.clauses]
+    return (f"CASE WHEN jsonb_typeof({col}) = 'object' AND ({col}) ? '{MARKER}' "
+            f"THEN ({col}) || jsonb_build_object('{AT}', jsonb_build_array({', '.join(place)})) "
+            f"ELSE {col} END")
+
+
+@compiles(_Located)
+def _located(element: _Located, compiler: SQLCompiler, **kw: Any) -> str:
+    col, *place = [compiler.process(c, **kw) for c in element.clauses]
+    # (text that is not JSON at all reads as it is: its row alone fails, in Python)
+    key, at = f"'$.\"{MARKER}\"'", f"'$.\"{AT}\"'"
+    return (f"CASE WHEN NOT json_valid({col}) THEN {col} WHEN json_type({col}) = 'object' "
+            f"AND json_type({col}, {key}) IS NOT NULL "
+            f"THEN json_set({col}, {at}, json_array({', '.join(place)})) ELSE {col} END")

@@ -13,6 +13,7 @@ __all__ = [
     "SagaExists",
     "SagaNotFound",
     "SagaworkerError",
+    "SealedElsewhere",
     "ToolFailed",
 ]
 
@@ -64,6 +65,11 @@ class SagaNotFound(SagaworkerError):
 
 class ApprovalInvalid(SagaworkerError):
     """An approval token is forged, expired, reused or for another step; nothing changed."""
+
+
+class SealedElsewhere(SagaworkerError):
+    """An encrypted journal value was found in a row or column other than the one it was
+    sealed for: copied there with SQL. It is not read (not even as that row's value)."""
 
 
 class BadInput(SagaworkerError, ValueError):

@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from .._base.crypto import SealedJSON
+from .._base.crypto import Placed, SealedElsewhere, SealedJSON
 from .._base.types import OPEN, Phase
 from .dialect import POOLED
 from .schema import entries, sagas
@@ -66,6 +66,8 @@ class UndoRow(NamedTuple):
     undo_token: str
     reason: str | None  # the saga's (its failure reason) and its start span's context
     trace_context: str | None
+    #: why its values cannot be read (sealed for another row: copied there with SQL)
+    unreadable: str | None = None
 
 
 def enabled(engine: Engine) -> bool:
@@ -166,10 +168,11 @@ def settle(engine: Engine, exc: BaseException, *, timeout: float = 10.0) -> None
         time.sleep(0.05)
 
 
-def _json(engine: Engine, column: str, value: Any) -> Jsonb:
-    """A JSON column's value as SQLAlchemy would bind it (sealed when keys are set)."""
+def _json(engine: Engine, column: str, value: Any, *at: Any) -> Jsonb:
+    """An entry's JSON column's value as SQLAlchemy would bind it (sealed when keys are
+    set, for the place ``at``)."""
     sealed: SealedJSON = entries.c[column].type  # type: ignore[assignment]
-    return Jsonb(sealed.process_bind_param(value, engine.dialect))
+    return Jsonb(sealed.process_bind_param(Placed(value, at), engine.dialect))
 
 
 _CLAIM = f"""
@@ -225,7 +228,8 @@ def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
     execution order taken in the same statement. (status, flow), or None on a miss."""
     row = _run(engine, _executed_sql(span_context is not None), {
         "saga": saga_id, "seq": seq, "token": token,
-        "result": _json(engine, "result", result), "ms": duration_ms, "span": span_context})
+        "result": _json(engine, "result", result, saga_id, seq), "ms": duration_ms,
+        "span": span_context})
     return None if row is None else (str(row[0]), row[1])
 
 
@@ -278,7 +282,8 @@ def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
     row = _run(engine, _intent_sql(gated, trace_context is not None, expect is not None,
                                    claim is not None and not gated), {
         "saga": saga_id, "tool": tool, "phase": phase,
-        "args": _json(engine, "args", args), "kwargs": _json(engine, "kwargs", kwargs),
+        "args": _json(engine, "args", args, saga_id, task_id),
+        "kwargs": _json(engine, "kwargs", kwargs, saga_id, task_id),
         "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
         "trace": trace_context, "expect": expect, "seen": seen, "token": token,
         "worker": worker, "lease": lease})
@@ -300,7 +305,7 @@ def intent_seq(engine: Engine, saga_id: str, task_id: str) -> tuple[int, str | N
 # compensates, so reading them beside the function's row is reading them after it)
 _UNDO_NEXT = f"""
 SELECT e.seq, e.tool_name, e.args, e.kwargs, e.result, e.span_context, e.exec_order,
-       e.compensation_attempts, e.undo_token, s.reason, s.trace_context
+       e.compensation_attempts, e.undo_token, s.reason, s.trace_context, e.task_id
 FROM sagaworker_undo_next(%(saga)s, %(seq)s, %(result)s, %(detail)s, %(attempts)s,
                           %(token)s, %(next)s, %(lease)s, %(worker)s) AS e
 JOIN {_S} AS s ON s.saga_id = e.saga_id
@@ -320,15 +325,22 @@ def undo_next(engine: Engine, *, saga_id: str, seq: int, result: str, detail: st
                                     "next": next_token, "lease": lease, "worker": worker})
     if row is None:
         return None
-    return UndoRow(int(row[0]), str(row[1]), _opened(engine, "args", row[2]),
-                   _opened(engine, "kwargs", row[3]), _opened(engine, "result", row[4]),
-                   row[5], int(row[6]), int(row[7]), str(row[8]), row[9], row[10])
+    call, step = (saga_id, row[11]), (saga_id, int(row[0]))
+    got = UndoRow(int(row[0]), str(row[1]), None, None, None, row[5], int(row[6]),
+                  int(row[7]), str(row[8]), row[9], row[10])
+    try:
+        return got._replace(args=_opened(engine, "args", row[2], call),
+                            kwargs=_opened(engine, "kwargs", row[3], call),
+                            result=_opened(engine, "result", row[4], step))
+    except SealedElsewhere as exc:  # the undo is not run: the chain journals why
+        return got._replace(unreadable=str(exc))
 
 
-def _opened(engine: Engine, column: str, value: Any) -> Any:
-    """A JSON column's value as SQLAlchemy would read it (opened when sealed)."""
+def _opened(engine: Engine, column: str, value: Any, at: tuple[Any, ...]) -> Any:
+    """An entry's JSON column's value as SQLAlchemy would read it from the row placed at
+    ``at`` (opened when sealed)."""
     sealed: SealedJSON = entries.c[column].type  # type: ignore[assignment]
-    return sealed.process_result_value(value, engine.dialect)
+    return sealed.open_at(value, engine.dialect, at)
 
 
 # A flow's saga completes: the saga row's last seq must still be the one the replay read
@@ -349,6 +361,6 @@ def complete(engine: Engine, *, saga_id: str, result: Any, expect: int) -> bool:
     """Move ``complete`` for a flow whose replay returned, in one round trip: False when
     not the common case (nothing written: the caller takes the full path)."""
     sealed: SealedJSON = sagas.c.result.type  # type: ignore[assignment]
-    value = Jsonb(sealed.process_bind_param(result, engine.dialect))
+    value = Jsonb(sealed.process_bind_param(Placed(result, (saga_id,)), engine.dialect))
     return _run(engine, _COMPLETE, {"saga": saga_id, "result": value,
                                     "expect": expect}) is not None

@@ -20,10 +20,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import type_coerce
 
-from .._base.crypto import SealedJSON
+from .._base.crypto import SealedElsewhere, SealedJSON
 from .._base.errors import SagaworkerError
 
-__all__ = ["UnreadableSaga", "opened", "raw_select", "why_unreadable"]
+__all__ = ["UnreadableSaga", "opened", "opened_unless_elsewhere", "raw_columns", "raw_select",
+           "why_unreadable"]
 
 #: the stored JSON as it is (as ``rotate`` reads it): opened later, row by row
 _RAW = JSON().with_variant(JSONB(), "postgresql")
@@ -39,22 +40,44 @@ class UnreadableSaga:
     error: str
 
 
+def raw_columns(table: Table) -> list[Any]:
+    """``table``'s columns, its sealed ones fetched as stored (``opened`` opens them)."""
+    return [type_coerce(c, _RAW).label(c.name) if isinstance(c.type, SealedJSON) else c
+            for c in table.c]
+
+
 def raw_select(table: Table) -> Select[Any]:
     """``select(table)`` with its sealed columns fetched as stored (``opened`` opens them)."""
-    return select(*[type_coerce(c, _RAW).label(c.name) if isinstance(c.type, SealedJSON)
-                    else c for c in table.c])
+    return select(*raw_columns(table))
 
 
 def opened(row: Any, table: Table, dialect: Dialect,
            only: Collection[str] | None = None) -> SimpleNamespace:
     """A row of ``raw_select`` as a plain read gives it, its sealed columns (those named in
-    ``only``, if given) opened; raises what that read would raise."""
+    ``only``, if given) opened for the row's place; raises what that read would raise."""
     values = dict(row._mapping)
     for c in table.c:
         if (isinstance(c.type, SealedJSON) and c.name in values
                 and (only is None or c.name in only)):
-            values[c.name] = c.type.process_result_value(values[c.name], dialect)
+            at = [values.get(name) for name in c.type.place]
+            values[c.name] = c.type.open_at(values[c.name], dialect, at)
     return SimpleNamespace(**values)
+
+
+def opened_unless_elsewhere(row: Any, table: Table, dialect: Dialect) -> SimpleNamespace:
+    """``opened``, except that a row holding a value sealed for another place (copied there
+    with SQL) comes back with its sealed columns None and ``unreadable`` saying why (else
+    ``unreadable`` is None): the caller decides without those values, never with them."""
+    try:
+        got = opened(row, table, dialect)
+        got.unreadable = None
+    except SealedElsewhere as exc:
+        got = SimpleNamespace(**dict(row._mapping))
+        for c in table.c:
+            if isinstance(c.type, SealedJSON):
+                setattr(got, c.name, None)
+        got.unreadable = str(exc)
+    return got
 
 
 def why_unreadable(exc: BaseException) -> str:

@@ -226,7 +226,8 @@ def _opens_a_sample(conn: Connection, cipher: Cipher | None) -> None:
                     "the journal's values are sealed with a key and this process holds no "
                     "key: set SAGAWORKER_ENCRYPTION_KEYS to the journal's keys "
                     "(docs/encryption.md)")
-            cipher.open(cast(dict[str, str], value), "the journal's newest sealed metadata")
+            cipher.open(cast(dict[str, str], value), "the journal's newest sealed metadata",
+                        None)
             return
 
 

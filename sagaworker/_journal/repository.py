@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from .._base.canonical import storable
+from .._base.crypto import Placed
 from .._base.errors import SagaExists, SagaNotFound, SagaworkerError
 from .._base.patches import MARKER_DETAIL
 from .._base.types import (
@@ -142,10 +143,12 @@ class Journal(JournalReads):
         traced = {} if trace_context is None else {"trace_context": trace_context}
         try:
             (tx.run if tx else self.write)(lambda conn: conn.execute(insert(sagas).values(
-                saga_id=saga_id, status=SagaStatus.RUNNING.value, metadata=meta,
+                saga_id=saga_id, status=SagaStatus.RUNNING.value,
+                metadata=Placed(meta, (saga_id,)),
                 created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
                 deadline_at=None if deadline is None else db_later(deadline),
-                flow=flow, flow_args=flow_args, flow_kwargs=flow_kwargs, **traced)))
+                flow=flow, flow_args=Placed(flow_args, (saga_id,)),
+                flow_kwargs=Placed(flow_kwargs, (saga_id,)), **traced)))
         except IntegrityError as exc:
             raise SagaExists(
                 f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
@@ -290,7 +293,8 @@ def _entry_values(saga_id: str, seq: Any, e: NewEntry, traced: bool) -> dict[str
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
         "phase": (Phase.EXECUTED if e.marker else Phase.AWAITING_APPROVAL if e.gated
                   else Phase.INTENT).value,
-        "args": e.args, "kwargs": e.kwargs, "args_digest": e.args_digest,
+        "args": Placed(e.args, (saga_id, e.task_id)),
+        "kwargs": Placed(e.kwargs, (saga_id, e.task_id)), "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
         "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "call_id": e.call_id,

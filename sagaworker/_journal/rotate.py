@@ -3,8 +3,11 @@
 A batch of sagas is one short transaction that locks the saga rows, then their entries
 (the state machine's own lock order, so live workers only wait a moment), reads the
 stored values as they are (wrappers, not decrypted), and rewrites the ones that are clear
-or encrypted with another key than the first. Values encrypted with the first key already
-are left alone, so a second run rewrites nothing and an interrupted one just carries on.
+or encrypted with another key than the first, or sealed before values were sealed for their
+place (their column and row). Values sealed with the first key for their place already
+are left alone, so a second run rewrites nothing and an interrupted one just carries on. A
+value sealed for another place (copied there with SQL) stops the run, naming the row: it
+is never sealed again for the row it was copied to.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _rotate_batch(engine: Engine, cipher: Cipher, after: str | None,
         ids = [r.saga_id for r in rows]
         done = sum(_rewrite(conn, cipher, sagas, r, sagas.c.saga_id == r.saga_id)
                    for r in rows)
-        ents = conn.execute(select(entries.c.saga_id, entries.c.seq, *_raw(entries))
+        ents = conn.execute(select(entries.c.saga_id, entries.c.seq, entries.c.task_id,
+                                   *_raw(entries))
                             .where(entries.c.saga_id.in_(ids))
                             .order_by(entries.c.saga_id, entries.c.seq)
                             .with_for_update()).all()
@@ -83,11 +87,14 @@ def _rewrite(conn: Connection, cipher: Cipher, table: Table, row: Any, *where: A
         value = getattr(row, col.name)
         if value is None:
             continue  # None is never encrypted (SealedJSON stores it as it is)
+        sealed: SealedJSON = col.type  # type: ignore[assignment]
+        place = [sealed.what, *(getattr(row, name) for name in sealed.place)]
         if is_sealed(value):
-            if cipher.is_current(value):
+            opened = cipher.open(value, sealed.what, place)
+            if cipher.is_current(value) and cipher.is_placed(value):
                 continue
-            value = cipher.open(value, f"{table.name}.{col.name}")
-        new[col.name] = cipher.seal(value)
+            value = opened
+        new[col.name] = cipher.seal(value, place)
     if not new:
         return 0
     conn.execute(update(table).where(*where)

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
+from .._base.crypto import Placed
 from .._base.types import OPEN, Phase, SagaStatus
 from . import pgfast as _pgfast
 from .dialect import db_now
@@ -152,5 +153,5 @@ class SagaMoves(MoveBase):
                     f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
                     "wait for them (step.result()) or call saga.fail(reason)")
             self.j.touch(conn, saga_id, status=move("saga", "complete").target,
-                         finished_at=db_now(), result=result)
+                         finished_at=db_now(), result=Placed(result, (saga_id,)))
 

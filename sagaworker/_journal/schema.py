@@ -28,12 +28,20 @@ metadata = MetaData()
 _ts = DateTime(timezone=True)
 
 
-def _sealed(table: str, column: str, *, nullable: bool = True,
-            container: bool = False) -> Column[Any]:
+def _sealed(table: str, column: str, *, nullable: bool = True, container: bool = False,
+            place: tuple[str, ...] = ("saga_id",)) -> Column[Any]:
     """A JSON column of user data: encrypted at rest when SAGAWORKER_ENCRYPTION_KEYS is set
-    (``_crypto``); the same JSON/JSONB column in the database either way. ``container``:
+    (``_crypto``), each value for its place (``place``: the columns of its row a value is
+    sealed for); the same JSON/JSONB column in the database either way. ``container``:
     it always holds a dict (kwargs, metadata), never read as a kombu type tag itself."""
-    return Column(column, SealedJSON(f"{table}.{column}", container), nullable=nullable)
+    return Column(column, SealedJSON(f"{table}.{column}", place, container),
+                  nullable=nullable)
+
+
+#: an entry's arguments are sealed for its saga and task id (its seq is given by the
+#: statement that journals them, after they are sealed), its result for its saga and seq
+_CALL = ("saga_id", "task_id")
+_STEP = ("saga_id", "seq")
 
 
 sagas = Table(
@@ -105,12 +113,12 @@ entries = Table(
     Column("seq", Integer, primary_key=True),
     Column("tool_name", String(300), nullable=False),
     Column("phase", String(32), nullable=False),
-    _sealed("sagaworker_entries", "args", nullable=False),
-    _sealed("sagaworker_entries", "kwargs", nullable=False, container=True),
+    _sealed("sagaworker_entries", "args", nullable=False, place=_CALL),
+    _sealed("sagaworker_entries", "kwargs", nullable=False, container=True, place=_CALL),
     Column("args_digest", String(64), nullable=False),
     Column("queue", String(200)),
     Column("task_id", String(64)),
-    _sealed("sagaworker_entries", "result"),
+    _sealed("sagaworker_entries", "result", place=_STEP),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, default=0),
     Column("created_at", _ts, nullable=False),

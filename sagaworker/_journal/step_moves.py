@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, or_, select, update
 
+from .._base.crypto import Placed
 from .._base.types import OPEN, Phase, SagaStatus
 from . import pgfast as _pgfast
 from .dialect import db_later, db_now
@@ -217,7 +218,8 @@ class StepMoves(MoveBase):
                 traced = {} if span_context is None else {"span_context": span_context}
                 n = self.j.set_entry(conn, saga_id, seq, entries.c.phase == _INTENT,
                                      entries.c.attempt_token == token,
-                                     phase=_EXECUTE.target, result=result, executed_at=t,
+                                     phase=_EXECUTE.target,
+                                     result=Placed(result, (saga_id, seq)), executed_at=t,
                                      exec_order=saga.exec_counter + 1, lease_until=None,
                                      duration_ms=duration_ms, error=error, **traced)
                 if n:

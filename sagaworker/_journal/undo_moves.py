@@ -22,10 +22,15 @@ from .moves_base import (
     _alive,
     worker_label,
 )
+from .raw_rows import opened_unless_elsewhere, raw_columns
 from .repository import retrying
 from .schema import entries, sagas
 
 __all__ = ["UndoMoves"]
+
+#: an entry's row as the undo moves read it: user data as stored, opened only for the
+#: undo that is claimed (``_opened``), so no other row's values stop the chain
+_ROW = raw_columns(entries)
 
 
 class UndoMoves(MoveBase):
@@ -105,7 +110,7 @@ class UndoMoves(MoveBase):
         # started and have no outcome (none, in the common case), and what this move
         # found before, if it is replayed after a lost COMMIT (it reports it again).
         held = conn.execute(select(
-            entries, _alive(entries.c.lease_until),
+            *_ROW, _alive(entries.c.lease_until),
             _alive(entries.c.comp_lease_until).label("comp_alive")).where(
                 entries.c.saga_id == saga_id,
                 or_(and_(entries.c.phase == _INTENT, entries.c.lease_until.is_not(None)),
@@ -124,7 +129,7 @@ class UndoMoves(MoveBase):
             # 2. At most one undo of a saga at any moment.
             mine = [r for r in live if r.undo_token == token]
             if mine:  # our own claim, whose COMMIT reply was lost
-                r = mine[0]
+                r = self._opened(mine[0])
                 return UndoState(UndoClaim.CLAIMED, row=r, attempt=r.compensation_attempts,
                                  reason=saga.reason, in_doubt=tuple(doubted),
                                  died=tuple(died), trace_context=saga.trace_context)
@@ -135,6 +140,7 @@ class UndoMoves(MoveBase):
             #    worker died with the tries used up (read below).
             claimed = self._claim_latest(conn, saga_id, token, tries)
             if claimed is not None:
+                claimed = self._opened(claimed)
                 if not touched:
                     self.j.touch(conn, saga_id, chain_touched_at=db_now())
                 return UndoState(UndoClaim.CLAIMED, row=claimed,
@@ -142,7 +148,7 @@ class UndoMoves(MoveBase):
                                  in_doubt=tuple(doubted), died=tuple(died),
                                  trace_context=saga.trace_context)
             row = conn.execute(
-                select(entries).where(entries.c.saga_id == saga_id,
+                select(*_ROW).where(entries.c.saga_id == saga_id,
                                       entries.c.phase == _EXECUTED,
                                       entries.c.compensation.is_(None))
                 .order_by(entries.c.exec_order.desc()).limit(1)).first()
@@ -150,6 +156,11 @@ class UndoMoves(MoveBase):
                 return self._finish(conn, saga, token, tuple(doubted), tuple(died))
             died.append((row, self._died_every_try(conn, saga_id, row, token, tries)))
             live = self._live_undos(conn, saga_id)
+
+    def _opened(self, row: Any) -> Any:
+        """The claimed row, its values opened (``unreadable`` says why not: its undo is
+        not run, journaled COMPENSATION_FAILED, and the chain goes on)."""
+        return opened_unless_elsewhere(row, entries, self.j.engine.dialect)
 
     def _claim_latest(self, conn: Any, saga_id: str, token: str, tries: int) -> Any:
         """The latest-EXECUTED entry without an outcome, claimed in one statement (unless
@@ -166,7 +177,7 @@ class UndoMoves(MoveBase):
             .values(compensation_attempts=entries.c.compensation_attempts + 1,
                     comp_lease_until=db_later(self.lease), comp_worker=worker_label(),
                     undo_token=token, updated_at=db_now())
-            .returning(*entries.c)).first()
+            .returning(*_ROW)).first()
 
     def _forward_holds(self, conn: Any, saga_id: str, held: list[Any],
                        doubted: list[Any], token: str) -> Any:
@@ -183,7 +194,7 @@ class UndoMoves(MoveBase):
 
     @staticmethod
     def _decided(conn: Any, saga_id: str, token: str) -> list[Any]:
-        return list(conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+        return list(conn.execute(select(*_ROW).where(entries.c.saga_id == saga_id,
                                                        entries.c.decided_by == token)).all())
 
     @staticmethod
@@ -210,7 +221,7 @@ class UndoMoves(MoveBase):
     @staticmethod
     def _live_undos(conn: Any, saga_id: str) -> list[Any]:
         return list(conn.execute(select(
-            entries, _alive(entries.c.comp_lease_until).label("comp_alive")).where(
+            *_ROW, _alive(entries.c.comp_lease_until).label("comp_alive")).where(
                 entries.c.saga_id == saga_id, entries.c.phase == _EXECUTED,
                 entries.c.compensation.is_(None), entries.c.comp_lease_until.is_not(None))
         ).all())
@@ -220,7 +231,7 @@ class UndoMoves(MoveBase):
                 died: tuple[tuple[Any, str], ...]) -> UndoState:
         """Moves ``finish``/``finish_dirty``: every undo has an outcome, nothing runs."""
         saga_id = saga.saga_id
-        for p in conn.execute(select(entries).where(entries.c.saga_id == saga_id,
+        for p in conn.execute(select(*_ROW).where(entries.c.saga_id == saga_id,
                                                     entries.c.phase == _INTENT)).all():
             if not self._cancel(conn, saga_id, p.seq,
                                 "cancelled: the saga compensated and this step was not run"):

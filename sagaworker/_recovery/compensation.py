@@ -106,6 +106,9 @@ class Compensator:
     def _try(self, saga_id: str, st: UndoState, token: str) -> Outcome3 | None:
         """One try of one undo: its outcome, or None when it failed and will be retried."""
         rt, row = self.rt, st.row
+        if getattr(row, "unreadable", None):
+            return (OutcomeResult.COMPENSATION_FAILED,
+                    f"its undo was not run: {row.unreadable}", st.attempt)
         if is_unit(row.tool_name):
             return OutcomeResult.SKIPPED, "a durable unit (a model request): nothing to undo", 0
         spec = rt.registry.tool(row.tool_name)

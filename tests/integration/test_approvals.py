@@ -18,6 +18,7 @@ from sagaworker import (
     SagaStatus,
     Sagaworker,
 )
+from sagaworker._base.crypto import Placed
 from sagaworker._journal.schema import entries
 from sagaworker._producer.approvals import Signer
 from tests.conftest import TEST_SECRET, Cluster, uid, wait_for
@@ -173,10 +174,10 @@ def test_tampered_journal_arguments_are_caught_at_resume(cluster: Cluster,
                         lambda *a, **k: sent.append(a) or True)
     cluster.sw.approve(token_for(cluster.sw, key, 2), approver="alice")
     monkeypatch.undo()
+    [(saga_id, seq, tool_name, args, kwargs, task_id, queue)] = sent
     with cluster.sw.journal.engine.begin() as conn:
         conn.execute(update(entries).where(entries.c.saga_id == key, entries.c.seq == 2)
-                     .values(args=[key, "parcel-EVIL"]))
-    [(saga_id, seq, tool_name, args, kwargs, task_id, queue)] = sent
+                     .values(args=Placed([key, "parcel-EVIL"], (key, task_id))))
     cluster.sw.producer.publish(saga_id, seq, tool_name, args, kwargs, task_id, queue)
     res = saga.wait(timeout=T)
     assert res.status is SagaStatus.COMPENSATED

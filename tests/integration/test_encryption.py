@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -21,6 +22,8 @@ from sqlalchemy import create_engine, text
 
 from sagaworker import ConfigurationError, FlowContext, SagaStatus, Sagaworker, Settings
 from sagaworker._base.canonical import args_digest
+from sagaworker._base.crypto import SealedElsewhere
+from sagaworker._base.types import OutcomeResult
 from tests.conftest import ROOT, UNIT_SECRET, _pg, db_name, need
 from tests.statemachine.model import RecordingBus
 
@@ -371,3 +374,159 @@ def test_a_keyless_worker_stops_when_encryption_is_turned_on(
         c.stop_workers()
         c.cleanup_queues()
         c.sw.rt.reset_engine()
+
+
+# -- each value sealed for its place --------------------------------------------------------
+# (its column, its saga, and an entry's task id or seq): a ciphertext copied with SQL into
+# another row or column is refused by every read (a saga read, a listing, the sweeper's
+# relay, the undo chain's claim, rotate-key), never read as that row's value; a token
+# sealed before places were still reads, and rotate-key seals it for its place
+
+ENTRY, SAGA = "sagaworker_entries", "sagaworker_sagas"
+
+
+def copy(url: str, table: str, column: str, src: dict[str, Any], dst: dict[str, Any],
+         into: str | None = None) -> None:
+    """What someone with SQL and no key can do: a stored value copied to another row (or
+    another column: ``into``), byte for byte."""
+    def where(row: dict[str, Any], p: str) -> str:
+        return " AND ".join(f"{k} = :{p}{k}" for k in row)
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            n = conn.execute(text(
+                f"UPDATE {table} SET {into or column} = (SELECT {column} FROM {table} "
+                f"WHERE {where(src, 's')}) WHERE {where(dst, 'd')}"),
+                {**{f"s{k}": v for k, v in src.items()},
+                 **{f"d{k}": v for k, v in dst.items()}}).rowcount
+        assert n == 1
+    finally:
+        engine.dispose()
+
+
+def stored(url: str, table: str, column: str, **row: Any) -> Any:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            v = conn.execute(text(f"SELECT {column} FROM {table} WHERE "
+                                  + " AND ".join(f"{k} = :{k}" for k in row)), row).scalar()
+        return _json(v)
+    finally:
+        engine.dispose()
+
+
+def test_a_value_copied_into_another_saga_is_refused_by_every_read(
+        make_sw: Any, db_url: str) -> None:
+    sw: Sagaworker = make_sw(KEY_A)
+    _, mine = run_sagas(sw, "-a")
+    flow, theirs = run_sagas(sw, "-b")
+    copy(db_url, ENTRY, "args", {"saga_id": mine, "seq": 1}, {"saga_id": theirs, "seq": 1})
+    copy(db_url, SAGA, "metadata", {"saga_id": mine}, {"saga_id": flow})
+    for saga_id, what in ((theirs, "sagaworker_entries.args"),
+                          (flow, "sagaworker_sagas.metadata")):
+        with pytest.raises(SealedElsewhere, match=rf"the value in {what} \(saga '{saga_id}'"
+                           rf"[^)]*\) was sealed for {what} \(saga '{mine}'"):
+            sw.inspect(saga_id)
+    # a listing skips (and names) the sagas it cannot read, and lists the others
+    records, unreadable = sw.journal.scan_sagas(None, 10)
+    assert sorted(r.saga_id for r in records) == sorted(["flow-a", mine])
+    assert sorted(u.saga_id for u in unreadable) == sorted([flow, theirs])
+    assert all("copied there with SQL" in u.error for u in unreadable)
+    # the one that was copied from still reads as it was written
+    assert [e.args for e in sw.inspect(mine).entries] == [[SKU]]
+    assert sw.inspect(mine).metadata == {"customer": SSN}
+
+
+def test_a_result_copied_to_another_step_is_not_undone_and_pages(
+        make_sw: Any, db_url: str) -> None:
+    """The undo chain claims each undo with the step's values (on PostgreSQL the next one in
+    the statement that records an outcome): a step whose result was copied from another
+    saga is not undone with it; it is journaled COMPENSATION_FAILED saying so (the page),
+    and the chain goes on and finishes. Its claim, replayed after a lost COMMIT, says the
+    same."""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, mine = run_sagas(sw, "-a")
+    _, theirs = run_sagas(sw, "-b")
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    sw.get(theirs).enqueue(spec.task, SKU, quantity=1)
+    run_step(sw, theirs, 2, RESERVE, RESERVATION)
+    copy(db_url, ENTRY, "result", {"saga_id": mine, "seq": 1}, {"saga_id": theirs, "seq": 1})
+    sw.machine.request_failure(theirs, "test")
+    assert sw.machine.begin_compensation(theirs, "test", "chain")[0]
+    first = sw.machine.claim_undo(theirs, "u1")
+    assert (first.row.seq, first.row.result, first.row.unreadable) == (2, RESERVATION, None)
+    _, second = sw.machine.record_and_claim(theirs, 2, OutcomeResult.SKIPPED, "no undo", 0,
+                                            "u1", "u2")
+    where = (rf"sagaworker_entries\.result \(saga '{theirs}', step 1\) was sealed for "
+             rf"sagaworker_entries\.result \(saga '{mine}', step 1\)")
+    assert (second.row.seq, second.row.result) == (1, None)
+    assert re.search(where, second.row.unreadable)
+    replayed = sw.machine.claim_undo(theirs, "u2")  # its COMMIT reply lost: the same row
+    assert (replayed.row.seq, replayed.row.result) == (1, None)
+    assert re.search(where, replayed.row.unreadable)
+    sw.machine.release_undo(theirs, 1, "u2", "test: the chain below claims it again")
+    sw.compensator.run_chain(theirs)
+    # (the saga's reads refuse its copied value: read in plain SQL)
+    assert stored(db_url, SAGA, "status", saga_id=theirs) == "COMPENSATION_FAILED"
+    assert [stored(db_url, ENTRY, "compensation", saga_id=theirs, seq=n) for n in (1, 2)] == [
+        "COMPENSATION_FAILED", "SKIPPED"]
+    assert re.search("its undo was not run: the value in " + where, stored(
+        db_url, ENTRY, "compensation_detail", saga_id=theirs, seq=1))
+    assert sw.inspect(mine).entries[0].result == RESERVATION  # the copied-from one reads
+
+
+def test_a_value_moved_to_another_column_or_step_is_refused(make_sw: Any,
+                                                             db_url: str) -> None:
+    """Arguments copied into another step of the same saga (another task id), or into the
+    keyword column of their own row: refused; the relay's read skips (and logs) that step
+    and sends the others."""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, done = run_sagas(sw)
+    copy(db_url, ENTRY, "args", {"saga_id": done, "seq": 1},
+         {"saga_id": done, "seq": 1}, into="kwargs")
+    with pytest.raises(SealedElsewhere, match=r"sagaworker_entries\.kwargs \(saga 'saga', "
+                       r"task '[^']+'\) was sealed for sagaworker_entries\.args \(saga"):
+        sw.inspect(done)
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    saga = sw.begin("waiting")
+    saga.enqueue(spec.task, "sku-1", quantity=1)
+    saga.enqueue(spec.task, "sku-2", quantity=2)
+    copy(db_url, ENTRY, "args", {"saga_id": "waiting", "seq": 1},
+         {"saga_id": "waiting", "seq": 2})
+    assert [(o.seq, o.args) for o in sw.sweeper.orphans(0)
+            if o.saga_id == "waiting"] == [(1, ["sku-1"])]
+    with pytest.raises(SealedElsewhere, match=r"sagaworker_entries\.args \(saga 'waiting'"):
+        sw.inspect("waiting")
+
+
+def test_a_value_sealed_before_places_still_reads_and_rotate_key_places_it(
+        make_sw: Any, db_url: str) -> None:
+    """A token whose plaintext is the bare JSON (as sealed before values had places) reads;
+    rotate-key seals it for its place (with the same first key: nothing else to rewrite)
+    and refuses a value copied from elsewhere, naming the row, rewriting nothing."""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, saga_id = run_sagas(sw)
+    legacy = {"$sagaworker_enc": Fernet(KEY_A.encode()).encrypt(b'["legacy-sku"]').decode()}
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s"),
+                     {"v": json.dumps(legacy), "s": saga_id})
+    engine.dispose()
+    assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]
+    assert sw.rotate_key() == 1  # that entry; the rest is sealed for its place already
+    placed = stored(db_url, ENTRY, "args", saga_id=saga_id, seq=1)
+    assert placed != legacy and sw.rt.cipher is not None and sw.rt.cipher.is_placed(placed)
+    assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]
+    assert sw.rotate_key() == 0
+    _, other = run_sagas(sw, "-x")
+    copy(db_url, ENTRY, "result", {"saga_id": other, "seq": 1}, {"saga_id": saga_id, "seq": 1})
+    rotating = make_sw(f"{KEY_B},{KEY_A}")
+    with pytest.raises(SealedElsewhere, match=rf"sagaworker_entries.result \(saga "
+                       rf"'{saga_id}', step 1\) was sealed for .*'{other}'"):
+        rotating.rotate_key()
+    assert stored(db_url, ENTRY, "result", saga_id=saga_id, seq=1) == stored(
+        db_url, ENTRY, "result", saga_id=other, seq=1)  # left as found, not re-sealed
+    assert sw.inspect(other).entries[0].result == RESERVATION

@@ -18,6 +18,7 @@ from celery import Celery
 from sqlalchemy import delete, insert, or_, select, update
 
 from sagaworker import Sagaworker, Settings
+from sagaworker._base.crypto import Placed
 from sagaworker._journal.repository import now
 from sagaworker._journal.schema import entries, sagas
 from tests.conftest import BROKERS, _broker, need, uid
@@ -82,10 +83,12 @@ def crowd(sw: Sagaworker, n: int) -> None:
     with sw.journal.engine.begin() as conn:
         conn.execute(insert(sagas), [
             {"saga_id": f"{tag}-{i:04d}", "status": "RUNNING", "created_at": t,
-             "updated_at": t, "last_seq": 1, "exec_counter": 0, "metadata": {}} for i in range(n)])
+             "updated_at": t, "last_seq": 1, "exec_counter": 0,
+             "metadata": Placed({}, (f"{tag}-{i:04d}",))} for i in range(n)])
         conn.execute(insert(entries), [
             {"saga_id": f"{tag}-{i:04d}", "seq": 1, "tool_name": f"elsewhere.tool_{i}",
-             "phase": "INTENT", "args": [], "kwargs": {}, "args_digest": "0" * 64,
+             "phase": "INTENT", "args": Placed([], (f"{tag}-{i:04d}", None)),
+             "kwargs": Placed({}, (f"{tag}-{i:04d}", None)), "args_digest": "0" * 64,
              "queue": f"{tag}-q{i}", "created_at": t, "updated_at": t,
              "resend_at": now() + timedelta(hours=1), "resends": 1} for i in range(n)])
 
@@ -131,9 +134,10 @@ def test_a_lost_step_behind_a_backlogged_batch_is_relayed(
     with sw.journal.engine.begin() as conn:  # journaled, its publish lost
         conn.execute(insert(sagas).values(saga_id=lost, status="RUNNING", created_at=t,
                                           updated_at=t, last_seq=1, exec_counter=0,
-                                          metadata={}))
+                                          metadata=Placed({}, (lost,))))
         conn.execute(insert(entries).values(
-            saga_id=lost, seq=1, tool_name=tool.name, phase="INTENT", args=[7], kwargs={},
+            saga_id=lost, seq=1, tool_name=tool.name, phase="INTENT",
+            args=Placed([7], (lost, None)), kwargs=Placed({}, (lost, None)),
             args_digest="0" * 64, queue=elsewhere, created_at=t, updated_at=t))
     try:
         sw.sweeper.sweep()

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import update
 
 from sagaworker import Sagaworker, ToolFailed
+from sagaworker._base.crypto import Placed
 from sagaworker._journal.schema import entries
 from sagaworker._producer import aio
 from tests.conftest import uid
@@ -26,6 +27,9 @@ def unpublished(sw: Sagaworker) -> Any:
 
 
 def settle(sw: Sagaworker, saga_id: str, phase: str, **values: Any) -> None:
+    """Step 1 of the saga journaled as ``phase`` (what a worker would write)."""
+    if "result" in values:
+        values["result"] = Placed(values["result"], (saga_id, 1))
     with sw.journal.engine.begin() as conn:
         conn.execute(update(entries).where(entries.c.saga_id == saga_id)
                      .values(phase=phase, **values))
