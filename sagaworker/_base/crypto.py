@@ -108,6 +108,9 @@ class Cipher:
         self.fingerprints = [fingerprint(k) for k in keys]
         self._first = Fernet(keys[0])
         self._all = MultiFernet([Fernet(k) for k in keys])
+        #: the journal holds no token sealed before places (it says so: a new journal,
+        #: or ``db rotate-key`` went through it): one found was copied there, refused
+        self.placed_only = False
 
     def seal(self, value: Any, place: Sequence[Any]) -> dict[str, str]:
         """``value`` (JSON-ready) as the stored wrapper, encrypted with the first key for
@@ -131,6 +134,12 @@ class Cipher:
                 "written with another key; list that key too (after the current first "
                 "one), or restore the keys the journal was written with") from None
         if not plain.startswith(_PLACED):
+            if self.placed_only and place is not None:
+                raise SealedElsewhere(
+                    f"the value in {_row(place)} was sealed before values had places, and "
+                    "db rotate-key has placed every value of this journal since: it was "
+                    "copied there with SQL, not journaled, and is not read; restore the row "
+                    "from a backup (or delete the saga)")
             return json.loads(plain)  # sealed before places were: db rotate-key places it
         got = json.loads(plain[1:])
         if place is not None and got["at"] != list(place):
@@ -264,7 +273,10 @@ class SealedJSON(TypeDecorator[Any]):
 
     def open_at(self, value: Any, dialect: Dialect, at: Sequence[Any] | None) -> Any:
         """A stored value read from the row whose place values are ``at`` (None: unknown,
-        a placed token is refused)."""
+        a placed token is refused). A place key stored beside a token (put there with
+        SQL: sagaworker never writes one) is dropped, never taken for the row's."""
+        if isinstance(value, dict) and AT in value and MARKER in value:
+            value = {k: v for k, v in value.items() if k != AT}
         if not is_sealed(value):
             return from_wire(value, container=self.container)
         cipher = _ciphers.get(dialect)

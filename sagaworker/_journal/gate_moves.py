@@ -28,7 +28,7 @@ class GateMoves(MoveBase):
         journaled already (replayed after a lost COMMIT reply: the check is not made
         again, the entry is no longer waiting), once ``check`` (the token's) passed."""
         saga = self.j.lock_saga(conn, saga_id)
-        row = self.j.entry(conn, saga_id, seq)
+        row = self.j.entry(conn, saga_id, seq, opening=True)  # the token's digest, the publish
         if row is not None and (row.decided_by == token or saga.fail_token == token):
             return saga, row, True  # (or our own refusal: the deadline had passed)
         check(saga, row)

@@ -90,7 +90,8 @@ MOVES: tuple[Move, ...] = (
     Move("step", "heartbeat", (ATTEMPT_RUNNING,), ATTEMPT_RUNNING,
          "the attempt token still holds the lease"),
     Move("step", "release", (ATTEMPT_RUNNING,), ATTEMPT_IDLE,
-         "the attempt token; the tool raised and Celery may retry (not in doubt)"),
+         "the attempt token; the tool raised and Celery may retry, or the attempt stopped "
+         "before its tool started (not in doubt)"),
     Move("step", "execute", (ATTEMPT_RUNNING,), Phase.EXECUTED.value,
          "the attempt token (a fenced-out attempt journals nothing)", "step_executed"),
     Move("step", "fail", (ATTEMPT_RUNNING, ATTEMPT_IDLE), Phase.FAILED.value,

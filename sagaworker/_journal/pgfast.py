@@ -180,7 +180,7 @@ UPDATE {_E} AS e SET
     attempts = e.attempts + 1, started_at = statement_timestamp(),
     lease_until = statement_timestamp() + make_interval(secs => %(lease)s::double precision),
     worker = %(worker)s, attempt_token = %(token)s, retry_due_at = NULL,
-    task_id = COALESCE(%(task_id)s, e.task_id), resends = 0, resend_at = NULL,
+    task_id = COALESCE(e.task_id, %(task_id)s), resends = 0, resend_at = NULL,
     updated_at = statement_timestamp()
 FROM {_S} AS s
 WHERE e.saga_id = %(saga)s AND e.seq = %(seq)s AND e.phase = '{_INTENT}'

@@ -25,6 +25,9 @@ __all__ = ["check_approval_secrets", "check_journal", "check_keys", "keys_change
 VERSION_TABLE = "sagaworker_alembic_version"
 _KEY = "key:"  # a fact naming a key values are sealed with
 _APPROVAL = "approval:"  # a fact naming an approval secret's fingerprint
+#: a fact: every value of the journal is sealed for its place (a token sealed before
+#: places were is refused from then on: it can only have been copied there)
+_PLACED = "values placed"
 
 
 def masked(url: str) -> str:
@@ -163,11 +166,26 @@ def check_keys(engine: Engine, cipher: Cipher | None) -> None:
             # a new one would be named: a value it holds sealed must open with our keys
             _opens_a_sample(conn, cipher)
         if mine and mine[0] not in sealed:
-            try:
-                with conn.begin_nested():
-                    conn.execute(insert(facts).values(name=_KEY + mine[0], value="seals"))
-            except IntegrityError:
-                pass  # another process recorded it a moment ago
+            _note(conn, _KEY + mine[0], "seals")
+        if mine and not sealed and conn.execute(select(sagas.c.saga_id).limit(1)).first() is None:
+            _note(conn, _PLACED, "from the start")  # a new journal: no token before places
+        _placed_only(conn, cipher)
+
+
+def _note(conn: Connection, name: str, value: str) -> None:
+    """A fact recorded (unless another process recorded it a moment ago)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(insert(facts).values(name=name, value=value))
+    except IntegrityError:
+        pass
+
+
+def _placed_only(conn: Connection, cipher: Cipher | None) -> None:
+    """``cipher`` refuses tokens sealed before places once the journal says none is left."""
+    if cipher is not None:
+        cipher.placed_only = conn.execute(
+            select(facts.c.name).where(facts.c.name == _PLACED)).first() is not None
 
 
 def keys_changed(engine: Engine, cipher: Cipher | None) -> str | None:
@@ -177,8 +195,11 @@ def keys_changed(engine: Engine, cipher: Cipher | None) -> str | None:
     a key nobody else has. One small read (``check_keys`` does the rest at start)."""
     mine = set(cipher.fingerprints if cipher is not None else [])
     with engine.connect() as conn:
-        sealed = {n[len(_KEY):] for n in conn.execute(
-            select(facts.c.name).where(facts.c.name.like(f"{_KEY}%"))).scalars()}
+        names = set(conn.execute(select(facts.c.name).where(
+            facts.c.name.like(f"{_KEY}%") | (facts.c.name == _PLACED))).scalars())
+    sealed = {n[len(_KEY):] for n in names if n.startswith(_KEY)}
+    if cipher is not None:
+        cipher.placed_only = _PLACED in names
     if not sealed or sealed & mine:
         return None
     return (f"the journal's values are now sealed with a key (fingerprint "
@@ -232,10 +253,12 @@ def _opens_a_sample(conn: Connection, cipher: Cipher | None) -> None:
 
 
 def forget_keys(conn: Connection, cipher: Cipher) -> None:
-    """Every value is sealed with the first key now (``db rotate-key`` finished): the
-    journal names that key only."""
+    """Every value is sealed with the first key for its place now (``db rotate-key``
+    finished): the journal names that key only, and says so of places."""
     conn.execute(delete(facts).where(facts.c.name.like(f"{_KEY}%"),
                                      facts.c.name != _KEY + cipher.fingerprints[0]))
+    _note(conn, _PLACED, "by rotate-key")
+    _placed_only(conn, cipher)
 
 
 def _is_connect_error(exc: DBAPIError) -> bool:

@@ -40,6 +40,7 @@ from .app_tx import AppTx
 from .dialect import db_later, db_now, listens, read_only
 from .lifecycle import performs
 from .notify import Notifier, Wake
+from .raw_rows import opened, raw_select
 from .reads import JournalReads, NewEntry
 from .rows import idempotency_key
 from .schema import audit, entries, sagas
@@ -96,17 +97,21 @@ class Journal(JournalReads):
 
     # -- helpers -----------------------------------------------------------------
 
-    @staticmethod
-    def lock_saga(conn: Connection, saga_id: str) -> Any:
-        row = conn.execute(
-            select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
-        ).first()
-        return row
+    # The moves read rows with their user data as stored: they decide on the clear
+    # columns, so a value copied in with SQL (``crypto.SealedElsewhere``) never stops one.
 
     @staticmethod
-    def entry(conn: Connection, saga_id: str, seq: int) -> Any:
-        return conn.execute(select(entries).where(entries.c.saga_id == saga_id,
-                                                  entries.c.seq == seq)).first()
+    def lock_saga(conn: Connection, saga_id: str) -> Any:
+        return conn.execute(raw_select(sagas).where(sagas.c.saga_id == saga_id)
+                            .with_for_update()).first()
+
+    @staticmethod
+    def entry(conn: Connection, saga_id: str, seq: int, *, opening: bool = False) -> Any:
+        """An entry's row (None if there is none); ``opening``: its user data opened,
+        raising what a read of it raises."""
+        row = conn.execute(raw_select(entries).where(entries.c.saga_id == saga_id,
+                                                     entries.c.seq == seq)).first()
+        return opened(row, entries, conn.dialect) if opening and row is not None else row
 
     @staticmethod
     def touch(conn: Connection, saga_id: str, **values: Any) -> None:

@@ -26,10 +26,15 @@ from .moves_base import (
     Start,
     _alive,
 )
+from .raw_rows import raw_columns
 from .repository import retrying
 from .schema import entries, sagas
 
 __all__ = ["StepMoves"]
+
+#: an entry's row as a claim reads it: user data as stored (a claim never uses it; a
+#: gated step's check opens it), so a value copied in with SQL never stops a claim
+_ROW = raw_columns(entries)
 
 
 class StepMoves(MoveBase):
@@ -67,9 +72,9 @@ class StepMoves(MoveBase):
                        or_(sagas.c.deadline_at.is_(None), sagas.c.deadline_at > db_now()))
                 .values(attempts=entries.c.attempts + 1, started_at=db_now(),
                         lease_until=db_later(self.lease), worker=worker, attempt_token=token,
-                        retry_due_at=None, task_id=func.coalesce(task_id, entries.c.task_id),
+                        retry_due_at=None, task_id=func.coalesce(entries.c.task_id, task_id),
                         resends=0, resend_at=None, updated_at=db_now())
-                .returning(*entries.c)).first()  # (SQLite returns the target table only)
+                .returning(*_ROW)).first()  # (SQLite returns the target table only)
             if claimed is not None:
                 return Claim(Start.RUN, attempt=claimed.attempts, row=claimed)
             return self._claim_locked(conn, saga_id, seq, tool, token, worker, idempotent,
@@ -81,7 +86,7 @@ class StepMoves(MoveBase):
         # SELECT ... FOR UPDATE OF sagas would read the entry from the snapshot taken
         # before the lock wait).
         saga = self.j.lock_saga(conn, saga_id)
-        row = conn.execute(select(entries, _alive(entries.c.lease_until))
+        row = conn.execute(select(*_ROW, _alive(entries.c.lease_until))
                            .where(entries.c.saga_id == saga_id, entries.c.seq == seq)).first()
         if saga is None or row is None:
             return Claim(Start.UNKNOWN)
@@ -119,7 +124,7 @@ class StepMoves(MoveBase):
                                 lease_until=db_later(self.lease), worker=worker,
                                 attempt_token=token, retry_due_at=None,
                                 reruns=row.reruns + (1 if died else 0),
-                                task_id=task_id or row.task_id, resends=0, resend_at=None):
+                                task_id=row.task_id or task_id, resends=0, resend_at=None):
             return Claim(Start.BUSY, row=row, saga_status=status)
         return Claim(Start.RUN, attempt=row.attempts + 1, row=row, saga_status=status,
                      rerun=died)

@@ -65,7 +65,7 @@ class UndoMoves(MoveBase):
                 update(sagas).where(sagas.c.saga_id == saga_id)
                 .values(comp_counter=sagas.c.comp_counter + 1, chain_touched_at=db_now(),
                         updated_at=db_now(), resends=0, resend_at=None)
-                .returning(*sagas.c)).first()
+                .returning(*raw_columns(sagas))).first()
             if saga is None:
                 return False, UndoState(UndoClaim.NOT_COMPENSATING)
             recorded = self._record(conn, saga_id, seq, result, detail, attempts, token,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_
 
 from .._base.canonical import args_digest, check_text, storable
-from .._base.errors import ApprovalInvalid, BadInput
+from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware, db_now
 from .._journal.moves_base import new_token
+from .._journal.raw_rows import opened, raw_select, why_unreadable
 from .._journal.readiness import check_approval_secrets
 from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
@@ -50,7 +52,7 @@ class Gate:
         the saga (``approve`` refuses them too)."""
         signer = self.checked_signer()
         with self.rt.journal.reader.connect() as conn:
-            rows = conn.execute(select(entries).join(
+            rows = conn.execute(raw_select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
                 entries.c.phase == Phase.AWAITING_APPROVAL.value,
                 sagas.c.status.in_(OPEN_VALUES),
@@ -63,7 +65,24 @@ class Gate:
             kwargs=dict(r.kwargs), requested_at=aware(r.approval_requested_at),  # type: ignore[arg-type]
             token=signer.sign(r.saga_id, r.seq, r.tool_name,
                               args_digest(r.args, r.kwargs), r.approval_nonce or ""))
-            for r in rows]
+            for r in self._readable(rows)]
+
+    def _readable(self, rows: Sequence[Any]) -> list[Any]:
+        """The gates whose arguments can be read; one that cannot (a value copied in with
+        SQL, one no JSON reader takes) is logged (``saga_unreadable``) and left out, never
+        offered for approval, and the others are listed. Keys that open nothing are this
+        process's problem, not a row's: raised, naming the setting."""
+        dialect = self.rt.journal.engine.dialect
+        out = []
+        for raw in rows:
+            try:
+                out.append(opened(raw, entries, dialect))
+            except ConfigurationError:
+                raise
+            except Exception as exc:  # whatever the row holds, the others are listed
+                log.warning("saga_unreadable", saga_id=raw.saga_id, seq=raw.seq,
+                            error=why_unreadable(exc))
+        return out
 
     def decide(self, token: str, *, approver: str, approve: bool,
                reason: str | None = None) -> tuple[str, int]:

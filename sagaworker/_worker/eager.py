@@ -35,6 +35,7 @@ from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
 from .._observe import process as _process
 from .._observe.logging import get_logger
+from .failures import Failures
 
 __all__ = ["MAX_SECONDS", "MAX_STEPS", "Advance", "Eager", "EagerRetry", "Runner", "brief"]
 
@@ -60,6 +61,7 @@ class Runner(Protocol):
 
     rt: Runtime
     advance: Advance | None
+    failures: Failures
 
     def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
                  args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False,
@@ -135,8 +137,10 @@ class Eager:
             claimed = None if e.claim is None or not e.claim.done else (
                 e.claim.token, Claim(Start.RUN, attempt=1, row=Claimed(
                     1, e.args_digest, trace_context=e.trace_context)))
+            entered = False  # run_step took the step over: it releases or journals it
             try:
                 with self._as_delivered(spec, e.task_id, args, kwargs, carrier):
+                    entered = True
                     return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
                                            eager=True, claimed=claimed)
             except EagerRetry as retry:
@@ -148,6 +152,8 @@ class Eager:
                          "a retry: its step goes through the broker, where Celery retries")
                 return False
             except Exception as exc:  # the journal holds where it stopped: recovery takes it
+                if claimed is not None and not entered:  # claimed, its tool never called
+                    self.x.failures.unstarted(saga_id, seq, claimed[0], exc)
                 log.error("eager_step_interrupted", error=brief(exc),
                           detail="the relay or the sweeper sends the step from the journal")
                 return False

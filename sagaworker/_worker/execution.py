@@ -14,12 +14,14 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .._base.awaiting import settle
 from .._base.canonical import args_digest, not_json
-from .._base.errors import BadInput
+from .._base.errors import BadInput, SealedElsewhere
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, SagaStatus
 from .._journal.machine import Claim, Held, Start, new_token, worker_label
+from .._journal.raw_rows import opened
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
+from .._journal.schema import entries
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
@@ -176,10 +178,15 @@ class Executor:
                                                 idempotent=spec.idempotent, task_id=task_id)
         if not self._runs(claim, spec, saga_id, seq):
             return False
-        # traced: the run's span, from the claim on, is the child of the step's journaled
-        # enqueue span (however the message came: the producer, the relay, the sweeper)
-        span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
-                                 claim.row.trace_context, started)
+        calling = False  # from the tool's call on, its claim is never released here
+        try:
+            # traced: the run's span, from the claim on, is the child of the step's
+            # journaled enqueue span (however it came: the producer, the relay, the sweeper)
+            span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
+                                     claim.row.trace_context, started)
+        except Exception as exc:
+            self.failures.unstarted(saga_id, seq, token, exc)
+            raise
         advance = False
         try:
             with span.current():
@@ -191,11 +198,14 @@ class Executor:
                     span.outcome("failed", problem)
                     self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task_id)
                 else:
+                    calling = True
                     value, duration_ms = self._attempt(task_id, spec, saga_id, seq, token,
                                                        args, kwargs)
                     advance = self._journal_outcome(task_id, spec, saga_id, seq, token,
                                                     claim.attempt, value, duration_ms, span)
         except Exception as exc:
+            if not calling:
+                self.failures.unstarted(saga_id, seq, token, exc)
             if self._raised(exc, span, spec, task_id, args, kwargs, eager=eager):
                 raise
             return False
@@ -303,6 +313,10 @@ class Executor:
             return f"arguments are not JSON: {exc}"
         if spec.gated:
             # recomputed from the journal's arguments: an edit after approval must show
+            try:  # (a claim reads them as stored)
+                row = opened(row, entries, self.rt.journal.engine.dialect, ("args", "kwargs"))
+            except SealedElsewhere as exc:
+                return f"approval verification failed: {exc}; not run"
             if not row.approved_by or row.approved_digest != args_digest(
                     row.args or [], row.kwargs or {}) or sent != row.approved_digest:
                 return ("approval verification failed: the arguments no longer match the "

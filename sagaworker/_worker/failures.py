@@ -8,9 +8,12 @@ from typing import Any
 from .._base.registry import ToolSpec
 from .._base.types import SagaStatus
 from .._journal.runtime import Runtime
+from .._observe.logging import get_logger
 from .._observe.redact import error_text
 
 __all__ = ["Failures"]
+
+log = get_logger()
 
 
 class Failures:
@@ -45,6 +48,23 @@ class Failures:
         status = self.rt.machine.release(saga_id, seq, token, self._text(
             spec, exc, args, kwargs))
         self.noted[task_id] = (saga_id, seq, token)
+        if status is SagaStatus.COMPENSATING:
+            self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+
+    def unstarted(self, saga_id: str, seq: int, token: str, exc: BaseException) -> None:
+        """The attempt stopped with its step claimed and its tool not called yet (an error
+        of its own setup: tracing, the process, the journal): nothing ran, so the claim is
+        released, never left to lapse into doubt while its worker lives, and the sweeper
+        sends the step again once ``relay_after`` has passed. A journal that cannot be
+        written now leaves the claim to lapse, as a lost worker's does."""
+        detail = (f"the attempt stopped before its tool started ({type(exc).__name__}); "
+                  "the step is sent again")
+        try:
+            status = self.rt.machine.release(saga_id, seq, token, detail)
+        except Exception as failed:
+            log.warning("claim_not_released", error=type(failed).__name__, detail=detail)
+            return
+        log.warning("step_released", detail=detail)
         if status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
 

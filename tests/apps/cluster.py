@@ -854,6 +854,24 @@ if os.environ.get("TESTS_APP_WORKER") == "1":  # set by the fixtures for worker 
     app, sw = build()
 
 
+# a fault between a step's claim and its tool's call (tests/integration/test_hardening.py):
+# the run's span cannot be made, once per process, at the n-th step run (TEST_FAIL_AT,
+# 1 by default) of the sagas whose id starts with TEST_FAIL_BEFORE_TOOL
+if os.environ.get("TEST_FAIL_BEFORE_TOOL"):
+    from sagaworker._observe import tracing as _tracing
+
+    _real_span, _runs = _tracing.step_span, []
+
+    def _step_span(tool: str, saga_id: str, *a: Any, **k: Any) -> Any:
+        if saga_id.startswith(os.environ["TEST_FAIL_BEFORE_TOOL"]):
+            _runs.append(saga_id)
+            if len(_runs) == int(os.environ.get("TEST_FAIL_AT", "1")):
+                raise RuntimeError("injected: no span before the tool")
+        return _real_span(tool, saga_id, *a, **k)
+
+    _tracing.step_span = _step_span  # type: ignore[assignment]
+
+
 # tracing (tests/integration/test_tracing.py): spans to a file; Celery's instrumentation
 if os.environ.get("TEST_SPANS_FILE"):
     from tests.apps import spans as _spans

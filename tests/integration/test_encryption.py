@@ -502,26 +502,48 @@ def test_a_value_moved_to_another_column_or_step_is_refused(make_sw: Any,
         sw.inspect("waiting")
 
 
+def sql(url: str, statement: str, **params: Any) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(statement), params)
+    finally:
+        engine.dispose()
+
+
 def test_a_value_sealed_before_places_still_reads_and_rotate_key_places_it(
         make_sw: Any, db_url: str) -> None:
-    """A token whose plaintext is the bare JSON (as sealed before values had places) reads;
-    rotate-key seals it for its place (with the same first key: nothing else to rewrite)
-    and refuses a value copied from elsewhere, naming the row, rewriting nothing."""
+    """A journal from before places (its tokens' plaintext is the bare JSON): they read;
+    rotate-key seals each for its place (with the same first key: nothing else to
+    rewrite), after which a token sealed before places can only have been copied in, and
+    is refused; and rotate-key refuses a value copied from elsewhere, naming the row,
+    rewriting nothing."""
     sw: Sagaworker = make_sw(KEY_A)
     _, saga_id = run_sagas(sw)
+    _, other = run_sagas(sw, "-x")
     legacy = {"$sagaworker_enc": Fernet(KEY_A.encode()).encrypt(b'["legacy-sku"]').decode()}
-    engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s"),
-                     {"v": json.dumps(legacy), "s": saga_id})
-    engine.dispose()
+    sql(db_url, f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s", v=json.dumps(legacy),
+        s=saga_id)
+    # a new journal says from the start that it holds no token from before places; an
+    # upgraded one does not (what the rest of this test is about)
+    assert stored(db_url, "sagaworker_facts", "value", name="values placed") == \
+        "from the start"
+    sql(db_url, "DELETE FROM sagaworker_facts WHERE name = 'values placed'")
+    sw = make_sw(KEY_A)
     assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]
     assert sw.rotate_key() == 1  # that entry; the rest is sealed for its place already
     placed = stored(db_url, ENTRY, "args", saga_id=saga_id, seq=1)
     assert placed != legacy and sw.rt.cipher is not None and sw.rt.cipher.is_placed(placed)
     assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]
     assert sw.rotate_key() == 0
-    _, other = run_sagas(sw, "-x")
+    sql(db_url, f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s", v=json.dumps(legacy),
+        s=other)  # an old token (from a backup, say) put back with SQL
+    for reader in (sw, make_sw(KEY_A)):  # the rotating process, and one started after it
+        with pytest.raises(SealedElsewhere, match=rf"sagaworker_entries\.args \(saga "
+                           rf"'{other}'.* was sealed before values had places"):
+            reader.inspect(other)
+    sql(db_url, f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s", v=json.dumps(placed),
+        s=other)
     copy(db_url, ENTRY, "result", {"saga_id": other, "seq": 1}, {"saga_id": saga_id, "seq": 1})
     rotating = make_sw(f"{KEY_B},{KEY_A}")
     with pytest.raises(SealedElsewhere, match=rf"sagaworker_entries.result \(saga "
@@ -529,4 +551,91 @@ def test_a_value_sealed_before_places_still_reads_and_rotate_key_places_it(
         rotating.rotate_key()
     assert stored(db_url, ENTRY, "result", saga_id=saga_id, seq=1) == stored(
         db_url, ENTRY, "result", saga_id=other, seq=1)  # left as found, not re-sealed
-    assert sw.inspect(other).entries[0].result == RESERVATION
+
+
+def ship(parcel: str) -> str:
+    return f"shipped-{parcel}"
+
+
+def test_a_delivery_under_another_task_id_keeps_the_journaled_one(make_sw: Any,
+                                                                  db_url: str) -> None:
+    """A step's arguments are sealed for its task id: a claim by a delivery under another
+    id (a message published again by hand) leaves the journaled id, so they still read."""
+    sw: Sagaworker = make_sw(KEY_A)
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    saga = sw.begin("redelivered")
+    step = saga.enqueue(spec.task, SKU, quantity=2)
+    claim = sw.machine.claim_start("redelivered", 1, RESERVE, token="t-other", worker="w",
+                                   idempotent=False, task_id="another-celery-id")
+    assert claim.start.value == "run"
+    [e] = sw.inspect("redelivered").entries
+    assert (e.task_id, e.args, e.kwargs) == (step.task_id, [SKU], {"quantity": 2})
+
+
+def test_a_copied_value_stops_no_move_of_its_saga(make_sw: Any, db_url: str) -> None:
+    """The moves decide on the clear columns: a saga whose metadata and a step whose
+    arguments were copied from elsewhere are still claimed, journaled, failed and
+    compensated (only reading those values is refused)."""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, mine = run_sagas(sw, "-a")
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    saga = sw.begin("victim", metadata={"customer": "victim"})
+    saga.enqueue(spec.task, "sku-v", quantity=1)
+    saga.enqueue(spec.task, "sku-w", quantity=1)
+    copy(db_url, SAGA, "metadata", {"saga_id": mine}, {"saga_id": "victim"})
+    copy(db_url, ENTRY, "args", {"saga_id": "victim", "seq": 1},
+         {"saga_id": "victim", "seq": 2})
+    run_step(sw, "victim", 1, RESERVE, RESERVATION)  # claim and EXECUTED
+    run_step(sw, "victim", 2, RESERVE, RESERVATION)
+    sw.machine.request_failure("victim", "test")
+    sw.machine.begin_compensation("victim", "test", "chain")  # as the failure handler does
+    sw.compensator.run_chain("victim")
+    assert stored(db_url, SAGA, "status", saga_id="victim") == "COMPENSATION_FAILED"
+    details = [stored(db_url, ENTRY, "compensation_detail", saga_id="victim", seq=n)
+               for n in (1, 2)]
+    assert details[0] == "no undo declared"
+    assert "its undo was not run: the value in sagaworker_entries.args" in details[1]
+
+
+def test_a_gate_whose_arguments_were_copied_is_not_offered(make_sw: Any,
+                                                           db_url: str) -> None:
+    """pending_approvals() leaves out (and logs) a gate whose arguments were copied from
+    another gate, lists the others; its approval is refused naming the copy."""
+    sw: Sagaworker = make_sw(KEY_A)
+    sw.tool(reversibility="IRREVERSIBLE")(ship)
+    spec = sw.registry.tool(f"{__name__}.ship")
+    assert spec is not None
+    for key in ("g1", "g2"):
+        sw.begin(key).enqueue(spec.task, f"parcel-{key}")
+    token = {p.saga_id: p.token for p in sw.pending_approvals()}["g2"]
+    copy(db_url, ENTRY, "args", {"saga_id": "g1", "seq": 1}, {"saga_id": "g2", "seq": 1})
+    assert [(p.saga_id, p.args) for p in sw.pending_approvals()] == [("g1", ["parcel-g1"])]
+    with pytest.raises(SealedElsewhere, match=r"saga 'g2'.*sealed for.*saga 'g1'"):
+        sw.approve(token, approver="alice")
+
+
+def test_a_place_key_stored_with_a_copied_token_is_ignored(make_sw: Any,
+                                                           db_url: str) -> None:
+    """Someone who copies a token and stores the row's own place beside it gains nothing:
+    the reads that open stored values (a listing, the relay) drop that key and refuse the
+    token, as the others do."""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, mine = run_sagas(sw, "-a")
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    step = sw.begin("forged").enqueue(spec.task, "sku-f", quantity=1)
+    token = stored(db_url, ENTRY, "args", saga_id=mine, seq=1)
+    forged = {**token, "$sagaworker_at": ["forged", step.task_id]}
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {ENTRY} SET args = :v WHERE saga_id = 'forged'"),
+                     {"v": json.dumps(forged)})
+    engine.dispose()
+    records, unreadable = sw.journal.scan_sagas(None, 10)
+    assert "forged" not in {r.saga_id for r in records}
+    assert [u.saga_id for u in unreadable] == ["forged"]
+    assert [o.saga_id for o in sw.sweeper.orphans(0)] == []
+    with pytest.raises(SealedElsewhere):
+        sw.inspect("forged")

@@ -351,6 +351,46 @@ def test_lost_celery_retry_message_is_sent_again(lone: Cluster) -> None:
     assert kinds(c, key) == [("try", "r"), ("try", "r"), ("effect", "r")]
 
 
+def test_a_claim_whose_tool_never_started_is_released_not_doubted(lone: Cluster) -> None:
+    """An attempt stopped between its claim and its tool's call (here: its span cannot be
+    made) releases its claim: the step is sent again and runs once, its worker alive all
+    along; never in doubt (the tool is not idempotent: a lapsed claim would fail the saga
+    as "its worker was lost"). Delivered, and run eagerly by a flow's worker."""
+    c = lone
+    c.start_worker(concurrency=1, TEST_FAIL_BEFORE_TOOL="unstarted")
+    key = uid("unstarted")
+    saga = c.sw.begin(key)
+    step = saga.enqueue(c.tool("step"), key, "a")
+    assert step.result(timeout=T) == "a-done"
+    wait_for(lambda: any(e.get("event") == "step_released" for e in c.events(key)), T,
+             "the released claim's log line")  # the fault hit: before the tool
+    [e] = c.sw.inspect(key).entries
+    assert (e.phase, e.attempts, e.in_doubt) == (Phase.EXECUTED, 2, False)
+    assert kinds(c, key) == [("effect", "a")]
+    saga.complete()
+    assert c.sw.inspect(key).status is SagaStatus.COMPLETED
+
+
+def test_an_eager_claim_whose_tool_never_started_is_released_not_doubted(
+        lone: Cluster) -> None:
+    """The same for a flow's step that the worker which journaled the step before it runs
+    at once (claimed with its INTENT, no message): released, sent again, run once."""
+    from tests.apps.cluster import load_flow
+
+    c = lone
+    c.start_worker(concurrency=1, TEST_FAIL_BEFORE_TOOL="unstarted", TEST_FAIL_AT="2")
+    key = uid("unstarted-flow")
+    c.sw.start(key, load_flow, key)
+    assert c.sw.get(key).wait(timeout=T).value == ["s1-done", "s2-done", "s3-done"]
+    released = [e for e in c.events(key) if e.get("event") == "step_released"]
+    interrupted = [e for e in c.events(key) if e.get("event") == "eager_step_interrupted"]
+    assert [e.get("seq") for e in released + interrupted] == [2, 2]  # the fault hit, eager
+    e = c.sw.inspect(key).entries
+    assert [(x.seq, x.attempts, x.in_doubt) for x in e] == [(1, 1, False), (2, 2, False),
+                                                            (3, 1, False)]
+    assert kinds(c, key) == [("effect", "s1"), ("effect", "s2"), ("effect", "s3")]
+
+
 # -- 6. a redelivery to a threads-pool worker while the tool runs --------------------------
 
 def _force_redelivery(c: Cluster, proc: subprocess.Popen[bytes], task_id: str) -> None:
