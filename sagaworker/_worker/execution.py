@@ -313,14 +313,16 @@ class Executor:
             return f"arguments are not JSON: {exc}"
         if spec.gated:
             # recomputed from the journal's arguments: an edit after approval must show
+            refused = ("approval verification failed: the arguments no longer match the "
+                       "approved step; not run. Start a new saga with the intended arguments")
+            if not row.approved_by or sent != row.approved_digest:
+                return refused
             try:  # (a claim reads them as stored)
                 row = opened(row, entries, self.rt.journal.engine.dialect, ("args", "kwargs"))
             except SealedElsewhere as exc:
                 return f"approval verification failed: {exc}; not run"
-            if not row.approved_by or row.approved_digest != args_digest(
-                    row.args or [], row.kwargs or {}) or sent != row.approved_digest:
-                return ("approval verification failed: the arguments no longer match the "
-                        "approved step; not run. Start a new saga with the intended arguments")
+            if row.approved_digest != args_digest(row.args or [], row.kwargs or {}):
+                return refused
         elif sent != row.args_digest:  # the digest journaled with the INTENT
             return "the message's arguments do not match the journal; not run"
         if spec.signature is not None:

@@ -80,7 +80,9 @@ def test_poison_rows_stop_neither_the_relay_nor_the_listing(
         own_journal: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a flow past its deadline and a lost step that no key opens, and a saga whose
     metadata holds the reserved key, in the journal, the worker's sweeper still relays
-    another saga's lost step (it runs once) and sw.sagas() lists every saga it can read."""
+    another saga's lost step (it runs once), skips (and logs) the step it cannot read,
+    fails the overdue flow (no move opens what it does not use) and sw.sagas() lists
+    every saga it can read."""
     c = own_journal
     c.start_worker()  # on a clean journal (its start checks the keys of what it holds)
     flow_id, lost_id, garbage_id, victim = (uid("p-flow"), uid("p-lost"), uid("p-garbage"),
@@ -114,6 +116,15 @@ def test_poison_rows_stop_neither_the_relay_nor_the_listing(
     assert {garbage_id, victim} <= listed.keys()
     assert not {flow_id, lost_id} & listed.keys()  # skipped: no key opens them
     assert listed[garbage_id].metadata == {RESERVED: "x"}
-    wait_for(lambda: {flow_id, lost_id} <= {
+    wait_for(lambda: lost_id in {
         e.get("saga_id") for e in c.events() if e.get("event") == "sweep_row_unreadable"},
-        timeout=30, what="the workers to log the rows they skipped")
+        timeout=30, what="the workers to log the step they could not send")
+    # the overdue flow is failed all the same: its moves never open its arguments
+    wait_for(lambda: _status(c, flow_id) == "COMPENSATED", timeout=30,
+             what="the overdue flow no key opens to be failed and compensated")
+
+
+def _status(c: Cluster, saga_id: str) -> str | None:
+    with c.sw.journal.engine.connect() as conn:
+        return conn.execute(text("SELECT status FROM sagaworker_sagas WHERE saga_id = :id"),
+                            {"id": saga_id}).scalar()
