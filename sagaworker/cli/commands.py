@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .._base.errors import SagaNotFound, SagaworkerError
+from .._base.errors import SagaworkerError
 from .._base.types import SagaStatus
 from .._observe.records import Redaction
 from .._observe.visible import visible
@@ -68,7 +68,7 @@ def show(c: Ctx, saga_id: str, as_json: bool) -> None:
     """The journal and the compensation report of one saga."""
     try:
         rec = c.sw.inspect(saga_id)
-    except SagaNotFound as exc:
+    except SagaworkerError as exc:  # not found; a value no key opens, or copied in with SQL
         refuse(str(exc))
     red = Redaction.of(c.sw)  # the app's tools and flows: their arguments redacted by name
     if as_json:

@@ -20,6 +20,7 @@ from sagaworker import (
     SagaStatus,
     Sagaworker,
     SagaworkerError,
+    SealedElsewhere,
 )
 from sagaworker._journal.raw_rows import UnreadableSaga
 
@@ -148,6 +149,10 @@ def get_saga(saga_id: str) -> Reply:
         rec = sw.inspect(saga_id)
     except SagaNotFound as exc:
         return error(404, str(exc))
+    except SealedElsewhere as exc:  # a value copied in with SQL: not shown, said why
+        return error(409, str(exc))
+    except ConfigurationError as exc:  # no key here opens it
+        return error(503, str(exc))
     return jsonify(saga_json(rec, Redaction.of(sw))), 200
 
 

@@ -21,6 +21,7 @@ from sagaworker import (
     SagaNotFound,
     SagaRecord,
     SagaStatus,
+    SealedElsewhere,
 )
 from sagaworker._base.units import model_turn, turn_line
 from sagaworker._observe.records import waiting_step
@@ -126,6 +127,8 @@ def saga_page(saga_id: str) -> str:
         rec = Redaction.of(sw).record(sw.inspect(saga_id))
     except SagaNotFound:
         abort(404, f"no saga {saga_id!r} in the journal")
+    except SealedElsewhere as exc:  # a value copied in with SQL: not shown, said why
+        abort(409, str(exc))
     by_seq = {e.seq: e for e in rec.entries}
     undos = [TimelineUndo(i, o, by_seq.get(o.seq))
              for i, o in enumerate(rec.report.outcomes, start=1)]

@@ -232,6 +232,31 @@ def test_the_api_and_dashboard_list_the_rest_and_show_the_unreadable_one(
     assert "ok-1" in html and "bad-1" in html and "unreadable" in html
 
 
+def test_the_api_and_dashboard_say_why_a_saga_holding_a_copied_value_is_not_shown(
+        tmp_path: Path) -> None:
+    """GET /sagas/<id> and its dashboard page of a saga whose metadata was copied from
+    another with SQL (encryption on): 409 saying so, not a 500."""
+    from celery import Celery
+
+    from sagaworker.web import create_app
+
+    sw = Sagaworker(Celery("copied", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret=UNIT_SECRET, encryption_keys=Fernet.generate_key().decode()))
+    for saga_id in ("from-1", "to-1"):
+        sw.begin(saga_id, metadata={"customer": saga_id})
+    with sw.journal.engine.begin() as conn:
+        conn.execute(text("UPDATE sagaworker_sagas SET metadata = (SELECT metadata FROM "
+                          "sagaworker_sagas WHERE saga_id = 'from-1') WHERE saga_id = 'to-1'"))
+    client = create_app(sw).test_client()
+    got = client.get("/sagas/to-1")
+    assert got.status_code == 409
+    assert "copied there with SQL" in got.get_json()["error"]
+    page = client.get("/ui/sagas/to-1")
+    assert page.status_code == 409 and "copied there with SQL" in page.get_data(as_text=True)
+    assert client.get("/sagas/from-1").status_code == 200
+
+
 CLI_APP = '''
 from celery import Celery
 from sagaworker import Sagaworker, Settings
@@ -259,7 +284,8 @@ def _split_streams() -> CliRunner:
 def test_the_cli_list_shows_the_rest_and_marks_the_unreadable_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`sagaworker list` prints every other saga and a row marking the unreadable one;
-    `--json` lists the readable ones and names the other on stderr."""
+    `--json` lists the readable ones and names the other on stderr; `show` of it says why
+    in one line."""
     from sagaworker.cli.commands import main
 
     (tmp_path / "poisonapp.py").write_text(
@@ -278,6 +304,32 @@ def test_the_cli_list_shows_the_rest_and_marks_the_unreadable_one(
     assert r.exit_code == 0, r.output
     assert [s["saga_id"] for s in json.loads(r.stdout)] == ["ok-2", "ok-1"]
     assert "bad-1" in r.stderr and "unreadable" in r.stderr
+
+
+def test_the_cli_show_of_a_saga_holding_a_copied_value_says_why_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sagaworker show` of a saga whose metadata was copied from another saga with SQL
+    (encryption on): exit 1 and one line saying so, not a traceback."""
+    from sagaworker.cli.commands import main
+
+    monkeypatch.setenv("SAGAWORKER_ENCRYPTION_KEYS", Fernet.generate_key().decode())
+    (tmp_path / "copyapp.py").write_text(
+        CLI_APP.replace("DB", repr(f"sqlite:///{tmp_path / 'j.db'}")))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "copyapp", raising=False)
+    import copyapp  # type: ignore[import-not-found]
+
+    for saga_id in ("from-1", "to-1"):
+        copyapp.sw.begin(saga_id, metadata={"customer": saga_id})
+    with copyapp.sw.journal.engine.begin() as conn:
+        conn.execute(text("UPDATE sagaworker_sagas SET metadata = (SELECT metadata FROM "
+                          "sagaworker_sagas WHERE saga_id = 'from-1') WHERE saga_id = 'to-1'"))
+    r = _split_streams().invoke(main, ["-A", "copyapp", "show", "to-1"])
+    assert (r.exit_code, type(r.exception)) == (1, SystemExit), r.exception
+    assert r.stderr.startswith("error: the value in sagaworker_sagas.metadata (saga 'to-1')")
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert _split_streams().invoke(main, ["-A", "copyapp", "show", "from-1"]).exit_code == 0
 
 
 # -- the sweeper isolates each stage and each row -----------------------------------------
