@@ -54,6 +54,9 @@ __all__ = ["MARKER", "SETTING", "Cipher", "Placed", "SealedElsewhere", "SealedJS
 MARKER = RESERVED_KEY
 #: the key SQL adds beside ``MARKER`` when it reads a sealed value: the row's place
 AT = "$sagaworker_at"
+#: what to do about a value copied into a row (SealedElsewhere's messages end with it)
+_FIX = ("from a backup, or delete that saga (docs/encryption.md, \"A value copied with "
+        "SQL\")")
 #: a sealed plaintext that names its place starts with this (a bare JSON value never does)
 _PLACED = b"@"
 SETTING = "SAGAWORKER_ENCRYPTION_KEYS"
@@ -139,14 +142,14 @@ class Cipher:
                     f"the value in {_row(place)} was sealed before values had places, and "
                     "db rotate-key has placed every value of this journal since: it was "
                     "copied there with SQL, not journaled, and is not read; restore the row "
-                    "from a backup (or delete the saga)")
+                    f"{_FIX}")
             return json.loads(plain)  # sealed before places were: db rotate-key places it
         got = json.loads(plain[1:])
         if place is not None and got["at"] != list(place):
             raise SealedElsewhere(
                 f"the value in {_row(place)} was sealed for {_row(got['at'])}: it was "
                 "copied there with SQL, not journaled, and is not read; restore the row "
-                "from a backup (or delete the saga)")
+                f"{_FIX}")
         return got["v"]
 
     def is_placed(self, sealed: dict[str, str]) -> bool:
