@@ -167,8 +167,8 @@ def check_keys(engine: Engine, cipher: Cipher | None) -> None:
             _opens_a_sample(conn, cipher)
         if mine and mine[0] not in sealed:
             _note(conn, _KEY + mine[0], "seals")
-        if mine and not sealed and conn.execute(select(sagas.c.saga_id).limit(1)).first() is None:
-            _note(conn, _PLACED, "from the start")  # a new journal: no token before places
+        # (never recorded here, even for a new journal: a process of an earlier release,
+        # still running beside this one, writes tokens without places)
         _placed_only(conn, cipher)
 
 

@@ -185,7 +185,8 @@ class Executor:
             span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
                                      claim.row.trace_context, started)
         except Exception as exc:
-            self.failures.unstarted(saga_id, seq, token, exc)
+            self.failures.unstarted(saga_id, seq, token, exc, claim.attempt,
+                                    None if eager else task_id)
             raise
         advance = False
         try:
@@ -205,7 +206,8 @@ class Executor:
                                                     claim.attempt, value, duration_ms, span)
         except Exception as exc:
             if not calling:
-                self.failures.unstarted(saga_id, seq, token, exc)
+                self.failures.unstarted(saga_id, seq, token, exc, claim.attempt,
+                                    None if eager else task_id)
             if self._raised(exc, span, spec, task_id, args, kwargs, eager=eager):
                 raise
             return False

@@ -31,11 +31,15 @@ class Failures:
         self.noted: dict[str, tuple[str, int, str]] = {}
         #: task id -> (saga id, seq, token, spec, args, kwargs) of a tool running now
         self.live: dict[str, tuple[str, int, str, ToolSpec, Any, Any]] = {}
+        #: task ids whose attempt was released before its tool started (``unstarted``):
+        #: a Celery retry of it is journaled, a give-up journals no verdict
+        self.unstarted_ids: set[str] = set()
 
     def running(self, task_id: str, attempt: tuple[str, int, str, ToolSpec, Any, Any]
                 ) -> None:
         """The attempt ``task_id`` runs its tool now (a retry it asks for is journaled)."""
         self.live[task_id] = attempt
+        self.unstarted_ids.discard(task_id)
 
     def finished(self, task_id: str) -> None:
         self.live.pop(task_id, None)
@@ -51,20 +55,31 @@ class Failures:
         if status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
 
-    def unstarted(self, saga_id: str, seq: int, token: str, exc: BaseException) -> None:
+    def unstarted(self, saga_id: str, seq: int, token: str, exc: BaseException,
+                  attempt: int, task_id: str | None = None) -> None:
         """The attempt stopped with its step claimed and its tool not called yet (an error
         of its own setup: tracing, the process, the journal): nothing ran, so the claim is
         released, never left to lapse into doubt while its worker lives, and the sweeper
-        sends the step again once ``relay_after`` has passed. A journal that cannot be
-        written now leaves the claim to lapse, as a lost worker's does."""
+        sends the step again (once twice ``relay_after`` has passed). Not past
+        ``SAGAWORKER_MAX_RERUNS`` re-sends: a setup that always fails would cycle for
+        ever, so that attempt's claim is left to lapse, and the step goes in doubt (paged)
+        as a lost worker's does; so does a journal that cannot be written now."""
         detail = (f"the attempt stopped before its tool started ({type(exc).__name__}); "
                   "the step is sent again")
+        if attempt > self.rt.settings.max_reruns:
+            log.error("claim_not_released", error=type(exc).__name__, attempts=attempt,
+                      detail=f"the attempt stopped before its tool started {attempt} times: "
+                      "its claim is left to lapse (the step goes in doubt)")
+            return
         try:
             status = self.rt.machine.release(saga_id, seq, token, detail)
         except Exception as failed:
             log.warning("claim_not_released", error=type(failed).__name__, detail=detail)
             return
         log.warning("step_released", detail=detail)
+        if task_id is not None:  # (a delivery: Celery may retry it, ``autoretry_for``)
+            self.noted[task_id] = (saga_id, seq, token)
+            self.unstarted_ids.add(task_id)
         if status is SagaStatus.COMPENSATING:
             self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
 
@@ -86,6 +101,7 @@ class Failures:
         if noted is not None:
             saga_id, seq, token = noted
             self.rt.machine.retry_due(saga_id, seq, token, delay, retries)
+        self.unstarted_ids.discard(task_id)
 
     def _text(self, spec: ToolSpec, exc: Any, args: Any, kwargs: Any) -> str:
         if not isinstance(exc, BaseException):
@@ -97,7 +113,8 @@ class Failures:
                 kwargs: Any) -> bool:
         """True when the exception was the tool's: its step is FAILED (unless fenced)."""
         noted = self.noted.pop(task_id, None)
-        if noted is None:
+        if noted is None or task_id in self.unstarted_ids:
+            self.unstarted_ids.discard(task_id)  # released unstarted: it is sent again
             return False
         saga_id, seq, token = noted
         self.fail_step(saga_id, seq, spec.name, token,
@@ -112,3 +129,4 @@ class Failures:
         """After a fork: nothing the parent noted is this process's."""
         self.noted.clear()
         self.live.clear()
+        self.unstarted_ids.clear()

@@ -129,6 +129,8 @@ def saga_page(saga_id: str) -> str:
         abort(404, f"no saga {saga_id!r} in the journal")
     except SealedElsewhere as exc:  # a value copied in with SQL: not shown, said why
         abort(409, str(exc))
+    except ConfigurationError as exc:  # no key here opens it (as the API's 503)
+        abort(503, str(exc))
     by_seq = {e.seq: e for e in rec.entries}
     undos = [TimelineUndo(i, o, by_seq.get(o.seq))
              for i, o in enumerate(rec.report.outcomes, start=1)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sagaworker import ConfigurationError
+from tests._ast import parse
 
 PKG = Path(__file__).resolve().parents[2] / "sagaworker"
 
@@ -20,7 +21,7 @@ def test_only_the_django_module_imports_django() -> None:
     extra)."""
     found = []
     for path in sorted(PKG.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text())):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             if any(n == "django" or n.startswith("django.") for n in names):

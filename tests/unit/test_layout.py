@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._ast import parse
+
 PKG = Path(__file__).resolve().parents[2] / "sagaworker"
 
 #: the floors, lowest first: a part imports its own floor or floors below it, never above
@@ -47,7 +49,7 @@ def _imports() -> dict[str, set[str]]:
         mod = _module(path)
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         deps = graph.setdefault(mod, set())
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")
@@ -147,7 +149,7 @@ def test_small_rooms(limit: int, what: str) -> None:
             big += [f"{p.relative_to(PKG)}: {n}"] if n > limit else []
             continue
         kind = ast.ClassDef if what == "class" else (ast.FunctionDef, ast.AsyncFunctionDef)
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parse(text)):
             if isinstance(node, kind):
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
                 if n > limit:
@@ -280,7 +282,7 @@ def test_a_status_or_phase_is_written_only_by_a_move() -> None:
 
     for path in PKG.rglob("*.py"):
         if "migrations" not in path.parts:
-            visit(ast.parse(path.read_text()), False, str(path.relative_to(PKG)))
+            visit(parse(path.read_text()), False, str(path.relative_to(PKG)))
     assert wrong == []
 
 
@@ -291,7 +293,7 @@ def test_no_host_clock_is_written_to_the_journal() -> None:
     for people to read)."""
     wrong = []
     for path in [*(PKG / "_journal").glob("*.py"), *(PKG / "_recovery").glob("*.py")]:
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         allowed = {id(n) for f in ast.walk(tree)
                    if isinstance(f, ast.FunctionDef) and f.name == "now" for n in ast.walk(f)}
         for node in ast.walk(tree):

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import sagaworker
+from tests._ast import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,7 @@ def test_the_example_imports_no_private_module() -> None:
     """tasks/ and config/ are what users copy: they never reach into sagaworker._anything
     (the library's own web app and CLI may; they are the library)."""
     for path in sorted([*(ROOT / "tasks").glob("*.py"), *(ROOT / "config").glob("*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text())):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for name in names:
