@@ -5,13 +5,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-__all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "Settings", "embedded_broker_url",
-           "embedded_database_url", "metrics_exposure_problem"]
+__all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "FromEnvironment", "Settings",
+           "embedded_broker_url", "embedded_database_url", "metrics_exposure_problem"]
 
 #: the shortest approval secret accepted: an HMAC-SHA256 key worth its 256 bits
 MIN_SECRET_BYTES = 32
@@ -44,14 +43,42 @@ def metrics_exposure_problem(addr: str, has_token: bool) -> str | None:
             "SAGAWORKER_METRICS_ADDR=127.0.0.1")
 
 
-class Settings(BaseSettings):
-    """Every ``SAGAWORKER_*`` variable. Unknown variables are ignored."""
+def environment(prefix: str, fields: Any) -> dict[str, str]:
+    """``prefix + FIELD`` variables (any case) of the process's environment, over those of
+    a ``.env`` file in the working directory, keyed by field."""
+    wanted = {f"{prefix}{name}".upper(): name for name in fields}
+    found: dict[str, str] = {}
+    dotenv = Path(".env")
+    if dotenv.is_file():
+        from dotenv import dotenv_values
 
-    model_config = SettingsConfigDict(
-        env_prefix="SAGAWORKER_", env_file=".env", extra="ignore", frozen=True,
-        # a rejected value (a short secret, a URL with a password) is not echoed back
-        hide_input_in_errors=True,
-    )
+        found.update((wanted[k.upper()], v) for k, v in dotenv_values(dotenv).items()
+                     if k.upper() in wanted and v is not None)
+    found.update((wanted[k.upper()], v) for k, v in os.environ.items() if k.upper() in wanted)
+    return found
+
+
+class FromEnvironment(BaseModel):
+    """A frozen model whose fields not passed in come from the environment, then from a
+    ``.env`` file, then from their defaults (pydantic-settings' order, without its
+    imports in every worker process)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True,
+                              # a rejected value (a short secret, a URL with a password)
+                              # is not echoed back
+                              hide_input_in_errors=True)
+    env_prefix: ClassVar[str] = "SAGAWORKER_"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {**environment(cls.env_prefix, cls.model_fields), **data}
+
+
+class Settings(FromEnvironment):
+    """Every ``SAGAWORKER_*`` variable. Unknown variables are ignored."""
 
     database_url: str = Field(default_factory=embedded_database_url)
     broker_url: str = Field(default_factory=embedded_broker_url)

@@ -23,9 +23,11 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from flask import Request
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .._base.settings import FromEnvironment
 
 __all__ = ["AuthConfigError", "Identity", "Unauthorized", "WebAuth", "WebSettings",
            "hash_token", "parse_token_lines"]
@@ -84,11 +86,10 @@ def parse_token_lines(text: str, source: str, *, sep: str = "\n") -> list[tuple[
     return out
 
 
-class WebSettings(BaseSettings):
+class WebSettings(FromEnvironment):
     """``SAGAWORKER_WEB_*`` from the environment (and a ``.env`` file)."""
 
-    model_config = SettingsConfigDict(env_prefix="SAGAWORKER_WEB_", env_file=".env",
-                                      extra="ignore", frozen=True)
+    env_prefix: ClassVar[str] = "SAGAWORKER_WEB_"
 
     tokens: str = ""
     tokens_file: str = ""
