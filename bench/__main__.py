@@ -21,11 +21,12 @@ BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
            "redis": "redis://127.0.0.1:6379/12"}
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "workers",
-            "big", "check", "agents", "ceiling")
+            "big", "check", "agents", "ceiling", "enqueue")
 #: sections run as a process of their own (each its own database; DBOS's own singleton)
 APART = {"check": ["bench.flows_check", "--sagas", "10000"],
          "agents": ["bench.agent_turns", "--turns", "20"],
-         "ceiling": ["bench.ceiling", "--steps", "800"]}
+         "ceiling": ["bench.ceiling", "--steps", "800"],
+         "enqueue": ["bench.enqueue_alone", "--steps", "1000"]}
 
 
 def versions() -> dict[str, str]:
