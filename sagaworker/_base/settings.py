@@ -9,6 +9,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from .errors import ConfigurationError
+
 __all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "FromEnvironment", "Settings",
            "embedded_broker_url", "embedded_database_url", "metrics_exposure_problem"]
 
@@ -45,14 +47,21 @@ def metrics_exposure_problem(addr: str, has_token: bool) -> str | None:
 
 def environment(prefix: str, fields: Any) -> dict[str, str]:
     """``prefix + FIELD`` variables (any case) of the process's environment, over those of
-    a ``.env`` file in the working directory, keyed by field."""
+    a ``.env`` file in the working directory (a regular file or a named pipe), keyed by
+    field."""
     wanted = {f"{prefix}{name}".upper(): name for name in fields}
     found: dict[str, str] = {}
     dotenv = Path(".env")
-    if dotenv.is_file():
+    if dotenv.is_file() or dotenv.is_fifo():
         from dotenv import dotenv_values
 
-        found.update((wanted[k.upper()], v) for k, v in dotenv_values(dotenv).items()
+        try:
+            values = dotenv_values(dotenv)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(
+                f"{dotenv.resolve()} cannot be read ({type(exc).__name__}: {exc}); fix or "
+                "remove it (it must be UTF-8 text of NAME=value lines)") from None
+        found.update((wanted[k.upper()], v) for k, v in values.items()
                      if k.upper() in wanted and v is not None)
     found.update((wanted[k.upper()], v) for k, v in os.environ.items() if k.upper() in wanted)
     return found
@@ -63,7 +72,7 @@ class FromEnvironment(BaseModel):
     ``.env`` file, then from their defaults (pydantic-settings' order, without its
     imports in every worker process)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True,
+    model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True,
                               # a rejected value (a short secret, a URL with a password)
                               # is not echoed back
                               hide_input_in_errors=True)
@@ -74,7 +83,16 @@ class FromEnvironment(BaseModel):
     def _environment(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        return {**environment(cls.env_prefix, cls.model_fields), **data}
+        options = sorted(k for k in data if isinstance(k, str) and k.startswith("_"))
+        if options:
+            raise TypeError(
+                f"{cls.__name__}() takes no {', '.join(options)}: it reads "
+                f"{cls.env_prefix}* from the environment, then from .env in the working "
+                "directory; pass the settings themselves as arguments instead")
+        # a setting's name in any case, as in the environment
+        given = {k.lower() if isinstance(k, str) and k.lower() in cls.model_fields else k: v
+                 for k, v in data.items()}
+        return {**environment(cls.env_prefix, cls.model_fields), **given}
 
 
 class Settings(FromEnvironment):

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from sagaworker import Settings
+from sagaworker import ConfigurationError, Settings
 
 
 @pytest.fixture
@@ -60,3 +63,44 @@ def test_the_web_settings_read_their_own_prefix(workdir: Path) -> None:
 
     assert WebSettings().tokens == "alice:" + "a" * 64
 
+
+
+def test_a_dotenv_that_is_a_named_pipe_is_read(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secret managers hand ``.env`` over as a FIFO (1Password's environments do)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SAGAWORKER_LOG_LEVEL", raising=False)
+    fifo = tmp_path / ".env"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            fifo.write_text("SAGAWORKER_LOG_LEVEL=warning\n")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        assert Settings().log_level == "WARNING"
+    finally:  # a reader that never came: let the writer's open() return
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=5)
+
+
+def test_a_dotenv_that_cannot_be_read_is_named(workdir: Path) -> None:
+    (workdir / ".env").write_bytes(b"SAGAWORKER_LOG_LEVEL=d\xe9bug\n")
+    with pytest.raises(ConfigurationError) as got:
+        Settings()
+    assert str(workdir / ".env") in str(got.value) and "UTF-8" in str(got.value)
+
+
+def test_pydantic_settings_options_are_refused_not_ignored(workdir: Path) -> None:
+    with pytest.raises(TypeError, match=r"takes no _env_file: it reads SAGAWORKER_\*"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_a_setting_may_be_named_in_any_case_and_defaults_are_validated(
+        workdir: Path) -> None:
+    s = Settings(LOG_LEVEL="warning", ORPHAN_AFTER=5)  # type: ignore[call-arg]
+    assert (s.log_level, s.orphan_after) == ("WARNING", 5.0)
+    # a default goes through its field's type, as a value from the environment does
+    assert isinstance(Settings().approval_ttl, float)
