@@ -53,10 +53,12 @@ def environment(prefix: str, fields: Any) -> dict[str, str]:
     found: dict[str, str] = {}
     dotenv = Path(".env")
     if dotenv.is_file() or dotenv.is_fifo():
+        from io import StringIO
+
         from dotenv import dotenv_values
 
-        try:
-            values = dotenv_values(dotenv)
+        try:  # read here: python-dotenv before 1.2.1 skips what is not a regular file
+            values = dotenv_values(stream=StringIO(dotenv.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(
                 f"{dotenv.resolve()} cannot be read ({type(exc).__name__}: {exc}); fix or "
