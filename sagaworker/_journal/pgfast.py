@@ -43,7 +43,7 @@ _INTENT, _EXECUTED = Phase.INTENT.value, Phase.EXECUTED.value
 
 class Claimed(NamedTuple):
     """What a claim that landed on the fast path needs of the entry (an entry no one
-    approved: a tool made gated since it was journaled is refused by ``_verify``)."""
+    approved: a tool made gated since it was journaled is refused by ``verify``)."""
 
     attempts: int
     args_digest: str

@@ -13,15 +13,13 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from .._base.awaiting import settle
-from .._base.canonical import args_digest, not_json
-from .._base.errors import BadInput, SealedElsewhere
+from .._base.canonical import not_json
+from .._base.errors import BadInput
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, SagaStatus
 from .._journal.machine import Claim, Held, Start, new_token, worker_label
-from .._journal.raw_rows import opened
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
-from .._journal.schema import entries
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
@@ -30,6 +28,7 @@ from .claims import after_outcome, not_run
 from .eager import Advance, Eager, EagerRetry
 from .failures import Failures
 from .heartbeat import Heartbeat
+from .verify import verify
 
 __all__ = ["ENVELOPE", "Executor", "Heartbeat", "ToolTask", "current_idempotency_key"]
 
@@ -194,7 +193,7 @@ class Executor:
                 if claim.rerun:
                     log.warning("step_rerun", attempts=claim.attempt, detail="idempotent "
                                 "tool: its earlier attempt died with no outcome")
-                problem = self._verify(spec, claim.row, args, kwargs)
+                problem = verify(self.rt, spec, claim.row, args, kwargs)
                 if problem is not None:
                     span.outcome("failed", problem)
                     self.fail_step(saga_id, seq, spec.name, token, problem, task_id=task_id)
@@ -307,32 +306,6 @@ class Executor:
         # The flow moves on in the worker that journaled the outcome: no message and no
         # polling. Lost with this worker, the sweeper sends the advance again.
         return outcome.flow is not None and self.advance is not None
-
-    def _verify(self, spec: ToolSpec, row: Any, args: Any, kwargs: Any) -> str | None:
-        try:
-            sent = args_digest(list(args), kwargs)
-        except (TypeError, ValueError) as exc:
-            return f"arguments are not JSON: {exc}"
-        if spec.gated:
-            # recomputed from the journal's arguments: an edit after approval must show
-            refused = ("approval verification failed: the arguments no longer match the "
-                       "approved step; not run. Start a new saga with the intended arguments")
-            if not row.approved_by or sent != row.approved_digest:
-                return refused
-            try:  # (a claim reads them as stored)
-                row = opened(row, entries, self.rt.journal.engine.dialect, ("args", "kwargs"))
-            except SealedElsewhere as exc:
-                return f"approval verification failed: {exc}; not run"
-            if row.approved_digest != args_digest(row.args or [], row.kwargs or {}):
-                return refused
-        elif sent != row.args_digest:  # the digest journaled with the INTENT
-            return "the message's arguments do not match the journal; not run"
-        if spec.signature is not None:
-            try:
-                spec.signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                return f"malformed arguments for {spec.name}: {exc}"
-        return None
 
     def fail_step(self, saga_id: str, seq: int, tool: str, token: str, error: str, *,
                   task_id: str | None = None, in_doubt: bool = False) -> None:

@@ -52,8 +52,12 @@ class Failures:
         status = self.rt.machine.release(saga_id, seq, token, self._text(
             spec, exc, args, kwargs))
         self.noted[task_id] = (saga_id, seq, token)
+        self._chain_waited(saga_id, status)
+
+    def _chain_waited(self, saga_id: str, status: SagaStatus | None) -> None:
+        """A released attempt of a compensating saga: its chain waited for it, send it on."""
         if status is SagaStatus.COMPENSATING:
-            self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+            self.rt.bus.send_compensate(saga_id)
 
     def unstarted(self, saga_id: str, seq: int, token: str, exc: BaseException,
                   attempt: int, task_id: str | None = None) -> None:
@@ -80,8 +84,7 @@ class Failures:
         if task_id is not None:  # (a delivery: Celery may retry it, ``autoretry_for``)
             self.noted[task_id] = (saga_id, seq, token)
             self.unstarted_ids.add(task_id)
-        if status is SagaStatus.COMPENSATING:
-            self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+        self._chain_waited(saga_id, status)
 
     def retrying(self, task_id: str, exc: Any, delay: float, retries: int) -> None:
         """Celery is about to publish the retry ``retries`` of ``task_id``, due in
@@ -94,8 +97,7 @@ class Failures:
             status = self.rt.machine.retry_later(
                 saga_id, seq, token, self._text(spec, exc, args, kwargs), delay, retries)
             self.noted[task_id] = (saga_id, seq, token)
-            if status is SagaStatus.COMPENSATING:
-                self.rt.bus.send_compensate(saga_id)  # the chain waited for this attempt
+            self._chain_waited(saga_id, status)
             return
         noted = self.noted.get(task_id)
         if noted is not None:

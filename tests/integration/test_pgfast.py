@@ -24,7 +24,7 @@ from sagaworker._base.canonical import args_digest
 from sagaworker._base.types import Reversibility
 from sagaworker._journal import pgfast as _pgfast
 from sagaworker._journal.schema import entries, sagas
-from sagaworker._worker.execution import Executor
+from sagaworker._worker.verify import verify
 from tests.conftest import uid
 
 pytestmark = pytest.mark.services
@@ -218,7 +218,7 @@ def test_a_statement_interrupted_midway_never_returns_its_connection_to_the_pool
 
 
 def test_a_tool_made_gated_since_its_step_was_journaled_is_refused_cleanly() -> None:
-    """The fast claim returns what ``_verify`` needs: an entry journaled ungated, claimed
+    """The fast claim returns what ``verify`` needs: an entry journaled ungated, claimed
     by a worker whose tool is now gated, is refused (not an AttributeError)."""
     sw = Sagaworker(Celery("gated", broker="memory://"), database_url="sqlite://")
 
@@ -231,7 +231,7 @@ def test_a_tool_made_gated_since_its_step_was_journaled_is_refused_cleanly() -> 
     gated = dataclasses.replace(spec, reversibility=Reversibility.IRREVERSIBLE)
     assert gated.gated
     row = _pgfast.Claimed(1, args_digest(("o-1",), {}))
-    problem = Executor._verify(Executor.__new__(Executor), gated, row, ("o-1",), {})
+    problem = verify(sw.rt, gated, row, ("o-1",), {})
     assert problem is not None and "approval verification failed" in problem
 
 
