@@ -9,14 +9,11 @@ the worker (``Flows``) and ``sagaworker.testing`` act on it.
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
-
-import structlog
 
 from .._base.awaiting import settle
 from .._base.canonical import args_digest
@@ -24,11 +21,11 @@ from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
 from .._base.units import Unit
-from .._journal.moves_base import new_token, worker_label
 from .._journal.runtime import Runtime
 from .._producer.producer import Producer
-from .claims import not_run
 from .shown import describe, show_call
+from .signals import _Diverged, _Suspend
+from .units import Units
 
 __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "current_flow", "replay"]
 
@@ -43,23 +40,6 @@ class FlowSpec:
     fn: Callable[..., Any]
     #: what a diverged replay does: "hold" the saga (the default) or "compensate" it
     on_divergence: str = "hold"
-
-
-class _Suspend(BaseException):
-    """The replay reached a step without an outcome: it stops here (not an error)."""
-
-
-class _Diverged(BaseException):
-    """The replay left its journal at step ``seq``: the journal holds ``journaled`` there,
-    the code ``asked`` for something else (or did something else: ``detail`` says)."""
-
-    def __init__(self, seq: int, journaled: str, asked: str, detail: str,
-                 newer: bool = False) -> None:
-        super().__init__(detail)
-        self.seq, self.journaled, self.asked, self.detail = seq, journaled, asked, detail
-        #: the journal holds a patch marker there that this code never asks for: written
-        #: by newer code (a rolling deploy), not a mistake of this code's
-        self.newer = newer
 
 
 @dataclass
@@ -82,8 +62,6 @@ class FlowContext:
         #: (``flows check``, ``sagaworker.testing``) that stops where a unit would run
         self.live = live
         self._runs: dict[str, int] = {}
-        #: the worker's heartbeat: a durable unit's claim is kept fresh while it runs
-        self.heartbeat: Any = None
         #: an ``async def`` flow's: ``call`` and ``gather`` are awaited
         self.is_async = is_async
         self.metadata = metadata
@@ -95,6 +73,8 @@ class FlowContext:
         #: failures raised from the journal (their step's move failed the saga already)
         self.journaled_failures: list[ToolFailed] = []
         self._patches: set[str] = set()
+        #: the durable units this replay runs (each to its outcome)
+        self._units = Units(saga_id, producer, self._journaled)
 
     def call(self, tool: Any, /, *args: Any, **kwargs: Any) -> Any:
         """The step's journaled result (its saga waits, with no thread, until there is one);
@@ -202,9 +182,12 @@ class FlowContext:
                     saga_id=self.saga_id, seq=row.seq, tool=row.tool_name))
         return out
 
-    async def unit(self, name: str, body: Callable[[], Awaitable[Any]]) -> Any:
+    async def unit(self, name: str, body: Callable[[], Awaitable[Any]], *,
+                   idempotent: bool = True) -> Any:
         """The journaled result of durable unit ``name`` at this position: ``body`` runs
-        here, once, in the replay that first reaches it (``_base.units``)."""
+        here, once, in the replay that first reaches it (``_base.units``). ``idempotent``:
+        a body whose worker was lost mid-run may run again (a model request); else that
+        attempt is in doubt (section 6), as a tool's."""
         op = Unit(name)
         pos = self._cursor
         self._cursor += 1
@@ -221,10 +204,10 @@ class FlowContext:
                 raise _Suspend()
             # its claim lapsed, or never was: taken over (the row, as this replay sees it)
             row = self._journal[pos] = SimpleNamespace(**dict(row._mapping))
-            return await self._run_unit(row, op, body, None)
+            return await self._units.run(row, op, body, None, idempotent)
         if not self.live:
             raise _Suspend()
-        return await self._run_unit(self._journal_unit(op), op, body, "claimed")
+        return await self._units.run(self._journal_unit(op), op, body, "claimed", idempotent)
 
     def _journal_unit(self, op: Unit) -> Any:
         """Journal what this replay asked for so far, then the unit, held for this worker."""
@@ -243,43 +226,6 @@ class FlowContext:
                 args=e.args, kwargs=e.kwargs, args_digest=e.args_digest, claim=e.claim))
         self.last_seq = done[-1][0]
         return self._journal[-1]
-
-    async def _run_unit(self, row: Any, op: Unit, body: Callable[[], Awaitable[Any]],
-                        claimed: str | None) -> Any:
-        rt = self._producer.rt
-        claim = getattr(row, "claim", None) if claimed else None
-        if claim is not None and claim.done:
-            token = claim.token
-        else:
-            token = new_token()
-            got = rt.machine.claim_start(self.saga_id, row.seq, op.tool_name, token=token,
-                                         worker=worker_label(), idempotent=True, task_id=None)
-            with structlog.contextvars.bound_contextvars(seq=row.seq, tool=op.tool_name):
-                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):
-                    raise _Suspend()  # run by another replay, or decided (said and sent)
-        started = time.monotonic()
-        held = (self.saga_id, row.seq, False, token)
-        if self.heartbeat is not None:
-            self.heartbeat.hold(held)
-        try:
-            payload = await body()
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            if rt.machine.failed(self.saga_id, row.seq, token, error) is not None:
-                rt.bus.send_failure(self.saga_id, f"step {row.seq} ({op.tool_name}) failed: "
-                                                  f"{error}")
-            raise self._journaled(ToolFailed(
-                f"step {row.seq} ({op.tool_name}) FAILED: {error}", saga_id=self.saga_id,
-                seq=row.seq, tool=op.tool_name)) from exc
-        finally:
-            if self.heartbeat is not None:
-                self.heartbeat.drop(held)
-        done = rt.machine.executed(self.saga_id, row.seq, token, payload,
-                                   (time.monotonic() - started) * 1000)
-        if not done.applied:
-            raise _Suspend()  # fenced: another attempt holds it now
-        row.phase, row.result, row.error = Phase.EXECUTED.value, payload, None
-        return payload
 
     def run_id(self, agent: str) -> str:
         """A run id for an agent run of this flow, the same on every replay."""
@@ -328,7 +274,7 @@ def replay(rt: Runtime, producer: Producer, spec: FlowSpec, saga: Any,
     is_async = inspect.iscoroutinefunction(spec.fn)
     ctx = FlowContext(saga.saga_id, dict(saga.metadata or {}), rows, producer, is_async,
                       last_seq=saga.last_seq, live=live)
-    ctx.heartbeat = heartbeat
+    ctx._units.heartbeat = heartbeat
     token = current_flow.set(ctx)
     try:
         return _run(rt, spec, saga, rows, ctx, is_async)
@@ -341,7 +287,7 @@ def _run(rt: Runtime, spec: FlowSpec, saga: Any, rows: list[Any], ctx: FlowConte
     try:
         value = spec.fn(ctx, *(saga.flow_args or []), **(saga.flow_kwargs or {}))
         if is_async:  # on this thread's event loop, as an async tool runs
-            value = settle(value)
+            value = settle(ctx._units.drained(value))
     except _Suspend:
         return Replay(ctx, "waits")
     except _Diverged as exc:

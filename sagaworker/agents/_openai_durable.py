@@ -38,6 +38,7 @@ from agents.items import ModelResponse, TResponseOutputItem  # noqa: E402
 from agents.models.multi_provider import MultiProvider  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
+from pydantic_core import to_jsonable_python  # noqa: E402
 
 __all__ = ["flow_tools", "run"]
 
@@ -96,24 +97,85 @@ class _Provider(ModelProvider):
         return _JournaledModel(self.inner.get_model(model_name), self.agent)
 
 
-async def run(agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
-    """``Runner.run(agent, input, **kwargs)``; inside a flow, each model request is a
-    journaled step of the flow's saga, sent once across every replay and worker."""
+async def run(agent: Agent[Any], input: Any, *, idempotent_tools: Iterable[str] = (),
+              **kwargs: Any) -> Any:
+    """``Runner.run(agent, input, **kwargs)``; inside a flow, each model request and each
+    call of a function tool is a journaled step of the flow's saga, sent (or run) once
+    across every replay and worker. A function tool in flight when its worker is lost is
+    in doubt (section 6) unless its name is in ``idempotent_tools`` (run again)."""
     ctx = current_flow.get()
     if ctx is None:
         return await Runner.run(agent, input, **kwargs)
     if not ctx.is_async:
         raise ConfigurationError("sagaworker.agents.openai_agents.run needs an async flow: "
                                  "declare it `async def` and await run(...)")
+    if isinstance(idempotent_tools, str):
+        raise ConfigurationError("idempotent_tools takes tool names: pass a set, e.g. "
+                                 f"{{{idempotent_tools!r}}}")
     config: RunConfig = kwargs.pop("run_config", None) or RunConfig()
     name = agent.name or "agent"
     model = config.model
     config = dataclasses.replace(
         config, model_provider=_Provider(config.model_provider or MultiProvider(), name),
         model=_JournaledModel(model, name) if isinstance(model, Model) else model)
-    if isinstance(agent.model, Model):
-        agent = agent.clone(model=_JournaledModel(agent.model, name))
+    agent = _durable(agent, frozenset(idempotent_tools), {})
     return await Runner.run(agent, input, run_config=config, **kwargs)
+
+
+def _durable(agent: Agent[Any], idempotent: frozenset[str],
+             done: dict[int, Agent[Any]]) -> Agent[Any]:
+    """A copy of ``agent`` (and of the agents it hands off to) whose model requests and
+    plain function tools are durable units; ``flow_tools`` keep being saga steps."""
+    if id(agent) in done:
+        return done[id(agent)]
+    name = agent.name or "agent"
+    copy = done[id(agent)] = agent.clone(tools=[
+        _journaled_tool(t, name, t.name in idempotent)
+        if isinstance(t, FunctionTool) and not getattr(t, _STEP, False) else t
+        for t in agent.tools])
+    if isinstance(agent.model, Model):
+        copy.model = _JournaledModel(agent.model, name)
+    copy.handoffs = [_durable(h, idempotent, done) if isinstance(h, Agent) else h
+                     for h in agent.handoffs]
+    return copy
+
+
+#: marks a FunctionTool whose calls are saga steps already (``flow_tools``)
+_STEP = "_sagaworker_step"
+
+
+def _journaled_tool(tool: FunctionTool, agent: str, idempotent: bool) -> FunctionTool:
+    """``tool`` whose every call, inside a flow, is a durable unit: run once, its output
+    journaled (JSON) and read back by every replay."""
+    invoke = tool.on_invoke_tool
+    unit = f"{agent}__tool.{tool.name}"
+
+    async def on_invoke(ctx: Any, raw: str) -> Any:
+        flow = current_flow.get()
+        if flow is None:
+            return await invoke(ctx, raw)
+
+        async def body() -> Any:
+            return _journalable(await invoke(ctx, raw))
+
+        return await flow.unit(unit, body, idempotent=idempotent)
+
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke)
+
+
+def _journalable(output: Any) -> Any:
+    """A tool's output as JSON the journal holds: as it is when it is JSON already, else in
+    its JSON form (a pydantic model, a dataclass), else its text (what the SDK would send
+    the model)."""
+    try:
+        json.dumps(output, allow_nan=False)
+        return output
+    except (TypeError, ValueError):
+        pass
+    try:
+        return to_jsonable_python(output)
+    except Exception:
+        return str(output)
 
 
 def flow_tools(tools: Iterable[Any]) -> list[FunctionTool]:
@@ -144,6 +206,8 @@ def _flow_tool(spec: ToolSpec) -> FunctionTool:
         args, kwargs = schema.to_call_args(schema.params_pydantic_model(**data))
         return str(await flow.call(spec.name, *args, **kwargs))
 
-    return FunctionTool(name=schema.name, description=schema.description or "",
+    tool = FunctionTool(name=schema.name, description=schema.description or "",
                         params_json_schema=schema.params_json_schema, on_invoke_tool=invoke,
                         strict_json_schema=True)
+    setattr(tool, _STEP, True)
+    return tool

@@ -22,7 +22,8 @@ from typing import Any
 from .._base.errors import ConfigurationError
 from .._base.registry import ToolSpec
 from .._base.units import CallFor
-from .._worker.replay import FlowContext, _Diverged, _Suspend, current_flow
+from .._worker.replay import FlowContext, current_flow
+from .._worker.signals import _Diverged, _Suspend
 from ._core import split_arguments
 
 try:
@@ -34,6 +35,7 @@ try:
         DurableOperationId,
         JournalCallableOperationBackend,
         RoleBasedOperationConfig,
+        ToolsetCallToolId,
         conversation_id_from_run_id,
     )
     from pydantic_ai.models import Model
@@ -60,7 +62,9 @@ def _flow(what: str) -> FlowContext:
 
 
 class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
-    """Each operation, inside a flow, is one durable unit of the flow's saga."""
+    """Each operation, inside a flow, is one durable unit of the flow's saga: a model
+    request may be sent again when its worker was lost mid-request, a function tool's call
+    runs again only if declared idempotent (else it is in doubt)."""
 
     async def execute(self, *, operation_id: DurableOperationId, name: str,
                       body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
@@ -68,7 +72,23 @@ class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
         ctx = current_flow.get()
         if ctx is None:
             return await body()
-        return await ctx.unit(name, body)
+        idempotent = (not isinstance(operation_id, ToolsetCallToolId)
+                      or bool(config.get("idempotent")))
+        return await ctx.unit(name, body, idempotent=idempotent)
+
+
+def _idempotence(names: frozenset[str]) -> Callable[[DurableOperationId, object | None, str],
+                                                    dict[str, Any]]:
+    """Which function tool calls may run again after their worker was lost: those named in
+    ``idempotent_tools``, or whose tool says so in its metadata (``{"idempotent": True}``)."""
+
+    def resolve(operation_id: DurableOperationId, tool: object | None,
+                tool_name: str) -> dict[str, Any]:
+        tool_def = getattr(tool, "tool_def", None)
+        metadata = getattr(tool_def, "metadata", None) or {}
+        return {"idempotent": tool_name in names or metadata.get("idempotent") is True}
+
+    return resolve
 
 
 class Durability(BaseDurabilityCapability[Any]):
@@ -91,9 +111,17 @@ class Durability(BaseDurabilityCapability[Any]):
     )
 
     def __init__(self, sw: Any, *, name: str | None = None,
-                 models: Mapping[str, Model] | None = None) -> None:
+                 models: Mapping[str, Model] | None = None,
+                 idempotent_tools: Iterable[str] = ()) -> None:
+        """``idempotent_tools``: the names of the agent's function tools that may run again
+        when their worker is lost mid-call (a lookup); any other such call is in doubt, as
+        a non-idempotent step's (a tool's metadata ``{"idempotent": True}`` says so too)."""
         super().__init__(models=models, name=name)
         self.sw = sw
+        if isinstance(idempotent_tools, str):
+            raise ConfigurationError("idempotent_tools takes tool names: pass a set, e.g. "
+                                     f"{{{idempotent_tools!r}}}")
+        self.idempotent_tools = frozenset(idempotent_tools)
 
     @property
     def in_durable_context(self) -> bool:
@@ -108,8 +136,9 @@ class Durability(BaseDurabilityCapability[Any]):
 
     def get_durable_operation_backend(self) -> _Backend:
         return _Backend(agent_name=self.name, default_model_id=self.default_model_id,
-                        config=RoleBasedOperationConfig(model={}, event={}, capability={},
-                                                        tool={}))
+                        config=RoleBasedOperationConfig(
+                            model={}, event={}, capability={}, tool={},
+                            resolve_tool=_idempotence(self.idempotent_tools)))
 
 
 def flow_toolset(tools: Iterable[Any]) -> FlowToolset:

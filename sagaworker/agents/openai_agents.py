@@ -62,7 +62,7 @@ from agents.tool import (  # noqa: E402
 )
 from agents.tool_context import ToolContext  # noqa: E402
 
-from ._openai_durable import flow_tools, run  # noqa: E402
+from ._openai_durable import _STEP, flow_tools, run  # noqa: E402
 
 __all__ = ["flow_tools", "run", "tools"]
 
@@ -106,6 +106,7 @@ class _SagaTool:
             strict_json_schema=True,
             needs_approval=self.needs_approval if tool.gated else False,
             is_enabled=self.reconcile if tool.gated else True)
+        setattr(self.function_tool, _STEP, True)  # a step already: a durable run keeps it
         if isinstance(failure, _SdkDefault):
             set_function_tool_failure_error_function(self.function_tool)
         else:

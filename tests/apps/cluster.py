@@ -442,6 +442,11 @@ if os.environ.get("TESTS_PARENT_PID") and os.environ.get("TESTS_APP_WORKER") == 
     _end_with_the_test_run()
 
 
+# agent runs with plain function tools (it imports this module's ledger: imported here, once
+# what it uses is defined)
+from tests.apps import agent_runs  # noqa: E402
+
+
 def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     """The test app: the same tools in the worker and in the test process (the producer)."""
     settings = settings or Settings()
@@ -840,6 +845,8 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     for flow in FLOWS:
         sw.flow()(flow)
     sw.flow(on_divergence="compensate")(strict_steps)
+    for flow in agent_runs.FLOWS:
+        sw.flow()(flow)
     return app, sw
 
 

@@ -34,7 +34,7 @@ STEP, UNDO, SAGA = ("sagaworker/_journal/step_moves.py", "sagaworker/_journal/un
 PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/repository.py"
 GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
-REPLAY = "sagaworker/_worker/replay.py"
+REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("unit-asked-again", "a replay sends a model request whose response is journaled",
        REPLAY, "                return row.result\n", "                return await body()\n"),
     _m("unit-claim-ignored", "a replay sends a model request another worker's claim holds",
-       REPLAY, "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):\n"
+       UNITS, "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):\n"
        "                    raise _Suspend()", "                not_run(rt, got, self.saga_id, "
        "row.seq, op.tool_name)\n                if False:\n                    raise _Suspend()"),
     _m("unit-busy-goes-on", "a replay goes on past a model request in flight elsewhere",
-       REPLAY, "raise _Suspend()  # run by another replay, or decided (said and sent)",
+       UNITS, "raise _Suspend()  # run by another replay, or decided (said and sent)",
        "return None"),
     _m("died-unreported", "an undo whose worker died on every try is given up unreported",
        UNDO, "died.append((row, self._died_every_try(conn, saga_id, row, token, tries)))",

@@ -120,3 +120,22 @@ def test_openai_agents_run_outside_a_flow_is_runner_run(sw: Sagaworker) -> None:
     assert result.final_output == "hi" and SENT == [0]
     with pytest.raises(ConfigurationError, match="not a sagaworker tool"):
         sw_oai.flow_tools([book])
+
+
+def test_which_function_tools_are_run_again_after_a_lost_worker(sw: Sagaworker) -> None:
+    """A function tool's call is in doubt after its worker was lost unless it is named in
+    ``idempotent_tools`` or its metadata says ``idempotent``; a bare string is refused."""
+    from types import SimpleNamespace
+
+    from pydantic_ai import Tool
+
+    from sagaworker.agents._pydantic_ai_durable import _idempotence
+
+    resolve = _idempotence(frozenset({"lookup"}))
+    marked = SimpleNamespace(tool_def=Tool(book, metadata={"idempotent": True}).tool_def)
+    plain = SimpleNamespace(tool_def=Tool(book).tool_def)
+    assert [resolve(None, t, n)["idempotent"] for t, n in [  # type: ignore[arg-type]
+        (plain, "lookup"), (marked, "book"), (plain, "book"), (None, "")]] == [
+        True, True, False, False]
+    with pytest.raises(ConfigurationError, match="pass a set"):
+        sw_agents.Durability(sw, idempotent_tools="lookup")
