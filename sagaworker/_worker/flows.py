@@ -11,10 +11,12 @@ no polling); the sweeper re-sends an advance that was lost with a worker.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import IntegrityError
 
 from .._base.canonical import (
     bad_argument,
@@ -33,6 +35,7 @@ from .._journal.app_tx import AppTx
 from .._journal.divergence import held, release
 from .._journal.reads import NewEntry
 from .._journal.runtime import Runtime
+from .._observe import process as _process
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import scrub_text, secret_values
@@ -201,8 +204,16 @@ class Flows:
         # traced: a child of the saga's start span, whichever message or worker advanced it
         with tracing.span(f"advance {spec.name}", parent=saga.trace_context, saga_id=saga_id,
                           flow=spec.name) as s:
-            run = replay(self.rt, self.producer, spec, saga, rows, live=True,
-                         heartbeat=self.heartbeat)
+            # while the flow's code runs, its redacted arguments are scrubbed from every
+            # log line of this process, as a running tool's are (its own logging and
+            # print(), and a model SDK's logging inside it)
+            held = f"flow:{saga_id}:{threading.get_ident()}"
+            _process.hold(held, self._secrets(spec, saga))
+            try:
+                run = replay(self.rt, self.producer, spec, saga, rows, live=True,
+                             heartbeat=self.heartbeat)
+            finally:
+                _process.release(held)
             # (no text of the flow's in the status: its reason may quote a secret)
             s.outcome(run.kind, _TRACED_ERRORS.get(run.kind) if not run.ctx.from_journal(
                 run.error) else None)
@@ -298,16 +309,29 @@ class Flows:
         except SagaworkerError as exc:
             log.info("flow_not_advanced", detail=str(exc))
             return []
+        except IntegrityError:
+            # (a race journals nothing: the saga's last seq guards the write) what the
+            # replay asked for breaks a rule of the journal's: the same on every advance,
+            # so that saga's bad move, never retried as a blip (nor quoted: it is SQL)
+            self._fail(saga_id, "the flow asked for steps the journal refuses (a tool-call "
+                                "id it holds already): fix the flow or the agent's tools")
+            return []
         return [(seq, e) for seq, e in done if e.held]
+
+    def _secrets(self, spec: FlowSpec, saga: Any) -> list[str]:
+        """The values of the flow's redacted parameters in this saga."""
+        keys = self.rt.settings.redact_keys
+        if not keys:
+            return []
+        return secret_values(inspect.signature(spec.fn), [None, *(saga.flow_args or [])],
+                             saga.flow_kwargs or {}, keys)
 
     def _scrubbed(self, spec: FlowSpec, saga: Any, text: str) -> str:
         """An error the flow's code raised, without the values of its redacted parameters
         nor of its steps' (the reason is journaled and logged)."""
-        keys = self.rt.settings.redact_keys
-        if not keys:
+        values = self._secrets(spec, saga)
+        if not self.rt.settings.redact_keys:
             return text
-        values = secret_values(inspect.signature(spec.fn), [None, *(saga.flow_args or [])],
-                               saga.flow_kwargs or {}, keys)
         # and its steps' (the flow may hand a secret to a tool under another name)
         return scrub_text(text, sorted({*values, *saga_secrets(self.rt, saga.saga_id)},
                                        key=len, reverse=True))

@@ -8,8 +8,9 @@ the worker (``Flows``) and ``sagaworker.testing`` act on it.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -32,6 +33,8 @@ __all__ = ["FlowContext", "FlowHandle", "FlowSpec", "Replay", "current_flow", "r
 #: the flow context of the replay running in this task (agents' durability reads it)
 current_flow: ContextVar[FlowContext | None] = ContextVar("sagaworker_flow", default=None)
 _PENDING = (Phase.INTENT.value, Phase.AWAITING_APPROVAL.value)
+#: the longest call id the journal holds
+_CALL_KEY_MAX = 200
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class FlowContext:
         #: failures raised from the journal (their step's move failed the saga already)
         self.journaled_failures: list[ToolFailed] = []
         self._patches: set[str] = set()
+        #: the framework tool-call ids this replay met, with how often (``call_key``)
+        self._call_ids: dict[str, int] = {}
         #: the durable units this replay runs (each to its outcome)
         self._units = Units(saga_id, producer, self._journaled)
 
@@ -226,6 +231,23 @@ class FlowContext:
                 args=e.args, kwargs=e.kwargs, args_digest=e.args_digest, claim=e.claim))
         self.last_seq = done[-1][0]
         return self._journal[-1]
+
+    def call_key(self, call_id: str) -> str:
+        """A framework's tool-call id as this saga journals it: unique within the saga
+        (an id the model used before in this run gets its occurrence, ``#2``, ``#3``; the
+        same on every replay) and at most 200 characters (a longer one keeps its start and
+        a digest of the whole)."""
+        n = self._call_ids[call_id] = self._call_ids.get(call_id, 0) + 1
+        key = call_id if n == 1 else f"{call_id}#{n}"
+        if len(key) > _CALL_KEY_MAX:
+            key = f"{key[:_CALL_KEY_MAX - 41]}#{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+        return key
+
+    def check(self, tool: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Raise ``BadInput`` when this call of ``tool`` could not be journaled (arguments
+        that do not fit its signature, are not JSON, use a reserved name, or are too
+        large): an agent answers its model with a retry instead of failing the saga."""
+        self._producer.prepare(tool, args, kwargs)
 
     def run_id(self, agent: str) -> str:
         """A run id for an agent run of this flow, the same on every replay."""

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .._base.errors import ConfigurationError
+from .._base.errors import BadInput, ConfigurationError
 from .._base.registry import ToolSpec
 from .._worker.replay import current_flow
 from ._core import require
@@ -204,6 +204,10 @@ def _flow_tool(spec: ToolSpec) -> FunctionTool:
                 "with sagaworker.agents.openai_agents.run from an `async def` @sw.flow()")
         data = json.loads(raw) if raw.strip() else {}
         args, kwargs = schema.to_call_args(schema.params_pydantic_model(**data))
+        try:
+            flow.check(spec.name, args, kwargs)
+        except BadInput as exc:  # the model is told, as the SDK does for bad arguments
+            return f"An error occurred while running the tool. Please try again. Error: {exc}"
         return str(await flow.call(spec.name, *args, **kwargs))
 
     tool = FunctionTool(name=schema.name, description=schema.description or "",

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._base.errors import ConfigurationError
+from .._base.errors import BadInput, ConfigurationError
 from .._base.registry import ToolSpec
 from .._base.units import CallFor
 from .._worker.replay import FlowContext, current_flow
@@ -27,7 +27,7 @@ from .._worker.signals import _Diverged, _Suspend
 from ._core import split_arguments
 
 try:
-    from pydantic_ai import RunContext, Tool
+    from pydantic_ai import ModelRetry, RunContext, Tool
     from pydantic_ai.durable_exec import (
         JSON_CODEC,
         BaseDurabilityCapability,
@@ -199,7 +199,11 @@ class FlowToolset(AbstractToolset[Any]):
         args, kwargs = split_arguments(spec.fn, tool_args)
         asked: Any = spec.name
         if ctx.tool_call_id:  # journaled with the step (the run's id keeps it unique)
-            asked = CallFor(spec.name, f"{ctx.run_id}/{ctx.tool_call_id}"[:200])
+            asked = CallFor(spec.name, flow.call_key(f"{ctx.run_id}/{ctx.tool_call_id}"))
+        try:
+            flow.check(asked, args, kwargs)
+        except BadInput as exc:  # the model is told, as a tool outside a flow does
+            raise ModelRetry(f"invalid arguments for tool {name}: {exc}") from None
         return await flow.call(asked, *args, **kwargs)
 
 

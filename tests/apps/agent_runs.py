@@ -54,15 +54,27 @@ def _plan(prompt: str) -> tuple[str, list[list[list[Any]]], Any]:
     return data["key"], data["plan"], data.get("output")
 
 
+def _expanded(args: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments, "@300kB" standing for a text of 300 kB (over the journal's
+    SAGAWORKER_MAX_ARGS_BYTES; made here, so that no flow argument holds it)."""
+    return {k: "x" * 300_000 if v == "@300kB" else v for k, v in args.items()}
+
+
 def _pai_model(messages: list[Any], info: Any) -> Any:
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
-    key, plan, output = _plan(str(messages[0].parts[-1].content))
+    prompt = str(messages[0].parts[-1].content)
+    key, plan, output = _plan(prompt)
+    answer = json.loads(prompt).get("answer")
     turn = sum(isinstance(m, ModelResponse) for m in messages)
     record(key, "model", f"turn-{turn}")
-    if turn < len(plan):
-        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"call-{turn}-{i}")
-                                    for i, (name, args) in enumerate(plan[turn])])
+    if turn < len(plan):  # a call may name its own tool-call id (a model reusing one)
+        return ModelResponse(parts=[ToolCallPart(call[0], _expanded(call[1]),
+                                                 tool_call_id=call[2] if len(call) > 2
+                                                 else f"call-{turn}-{i}")
+                                    for i, call in enumerate(plan[turn])])
+    if answer is not None:  # "@NUL" stands for a NUL character (no journal holds one)
+        return ModelResponse(parts=[TextPart(answer.replace("@NUL", "\x00"))])
     if output:  # the agent's structured output, through its output tool, with keys that
         # jsonb reorders (made here: a flow's own arguments come from the journal, already
         # in its form)
@@ -90,9 +102,12 @@ def _pai_agent(kind: str) -> Any:
     return AGENTS[name]
 
 
-async def mail_run(s: FlowContext, key: str, plan: list[Any], kind: str = "plain") -> str:
-    """A Pydantic AI agent run (``kind``: "idempotent" declares send_mail idempotent)."""
-    result = await _pai_agent(kind).run(json.dumps({"key": key, "plan": plan}))
+async def mail_run(s: FlowContext, key: str, plan: list[Any], kind: str = "plain",
+                   answer: str | None = None) -> str:
+    """A Pydantic AI agent run (``kind``: "idempotent" declares send_mail idempotent;
+    ``answer``: the model's last answer)."""
+    result = await _pai_agent(kind).run(json.dumps({"key": key, "plan": plan,
+                                                    "answer": answer}))
     return str(result.output)
 
 
@@ -131,7 +146,7 @@ def _oai_agent() -> Any:
                 if turn < len(plan):
                     out: list[Any] = [ResponseFunctionToolCall(
                         id=f"fc-{turn}-{n}", call_id=f"call-{turn}-{n}", type="function_call",
-                        name=name, arguments=json.dumps(args))
+                        name=name, arguments=json.dumps(_expanded(args)))
                         for n, (name, args) in enumerate(plan[turn])]
                 else:
                     out = [ResponseOutputMessage(

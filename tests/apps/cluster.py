@@ -375,6 +375,18 @@ def pays_noisily(s: FlowContext, key: str, cc: str) -> str:
     return paid
 
 
+def logs_its_card(s: FlowContext, key: str, card: str) -> str:
+    """Logs and print()s its own card argument (as a model SDK logs inside a flow), then
+    pays with it: the worker must scrub the flow's lines as it scrubs a tool's."""
+    import sys
+
+    logging.getLogger("shop.flow").warning("flow charging card %s", card)
+    print(f"flow printing card {card}")
+    print(f"flow printing card {card} to stderr", file=sys.stderr)
+    paid: str = s.call("tests.apps.cluster.pay", key, card, 100)
+    return paid
+
+
 def asks_who(s: FlowContext, key: str) -> str:
     """a, then a tool that records which task Celery says is running it."""
     s.call("tests.apps.cluster.step", key, "a")
@@ -410,7 +422,8 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
             s.call("tests.apps.cluster.step", key, "c")]
 
 
-FLOWS = (three_steps, fan_out, gated_flow, catches_failure, load_flow, pays_then_raises,
+FLOWS = (logs_its_card, three_steps, fan_out, gated_flow, catches_failure, load_flow,
+         pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
          retried_later_flow, raises_its_own, versioned, async_steps, durable_trip,
          durable_trip_oai)

@@ -177,3 +177,72 @@ def test_a_unit_whose_value_the_journal_cannot_hold_fails_the_run_clearly(
     assert measured.phase is Phase.EXECUTED and not measured.in_doubt
     assert measured.error == "result is not JSON: float (NaN or infinity)"
     assert not events(c, key, "step_in_doubt")
+
+
+# -- what a prompt-injected model can make of a durable run -------------------------------
+
+
+@pytest.mark.one_broker
+def test_a_reused_tool_call_id_is_a_step_of_its_own(crash_cluster: Cluster) -> None:
+    """The model names two calls, in two turns, with one tool-call id: each is a step of
+    its own (the second id journaled with its occurrence), the run completes (every
+    advance failed with an IntegrityError until the deadline)."""
+    c, key = crash_cluster, uid("fd")
+    res = start(c, key, "mail_run", [[[*hotel(key), "dup"]], [[*charge(key), "dup"]]]).wait(
+        timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+    assert [e.call_id for e in c.sw.inspect(key).entries if e.call_id] == [
+        f"{key}/mailer_plain/0/dup", f"{key}/mailer_plain/0/dup#2"]
+
+
+@pytest.mark.one_broker
+def test_tool_call_ids_of_a_long_saga_id_stay_unique(crash_cluster: Cluster) -> None:
+    """A saga id of 190 characters: its tool-call ids, cut at 200, were one and the same
+    (the second call wedged the run); a long one keeps its start and a digest."""
+    c = crash_cluster
+    key = uid("fl") + "-" + "x" * (190 - len(uid("fl")) - 1)
+    assert len(key) == 190
+    res = start(c, key, "mail_run", [[hotel(key)], [charge(key)]]).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert effects(c, key) == ["book_hotel", "charge_card"]
+    ids = [e.call_id for e in c.sw.inspect(key).entries if e.call_id]
+    assert len(ids) == 2 and len(set(ids)) == 2 and all(len(i) <= 200 for i in ids)
+
+
+@pytest.mark.one_broker
+@pytest.mark.parametrize("flow", ["mail_run", "mail_run_oai"])
+def test_arguments_the_journal_refuses_are_a_model_retry(crash_cluster: Cluster,
+                                                         flow: str) -> None:
+    """A ``flow_toolset`` (``flow_tools``) call whose arguments cannot be journaled (over
+    SAGAWORKER_MAX_ARGS_BYTES) goes back to the model as a retry, as outside a flow; the
+    model's next call runs (the saga failed and undid everything)."""
+    c, key = crash_cluster, uid("fr")
+    huge = ["book_hotel", {"key": key, "city": "@300kB", "nights": 2}]
+    res = start(c, key, flow, [[huge], [hotel(key)]]).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert effects(c, key) == ["book_hotel"]
+    assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+
+
+@pytest.mark.one_broker
+def test_a_model_answer_with_a_nul_fails_the_run_without_quoting_it(
+        crash_cluster: Cluster) -> None:
+    """The model's answer holds a NUL (no PostgreSQL text holds one) and a card: the
+    request's step is EXECUTED with an error naming the NUL, the run fails and undoes the
+    hotel; the reason quotes nothing of the answer (it was a raw DataError quoting the
+    response, then a false in-doubt)."""
+    c, key = crash_cluster, uid("fz")
+    card = "4111111111111111"
+    res = start(c, key, "mail_run", [[hotel(key)]], "plain", f"card {card} @NUL").wait(
+        timeout=T)
+    assert res.status is SagaStatus.COMPENSATED
+    assert [r.tool for r in c.ledger(key) if r.kind == "undo"] == ["book_hotel"]
+    last = c.sw.inspect(key).entries[-1]
+    assert last.tool_name == "unit:mailer_plain__model.request"
+    assert last.phase is Phase.EXECUTED and last.error is not None and "NUL" in last.error
+    reason = c.sw.inspect(key).reason or ""
+    assert reason == f"step {last.seq} (unit:mailer_plain__model.request) failed: " \
+                     f"{last.error}"
+    assert card not in reason and card not in last.error
+    assert not events(c, key, "step_in_doubt")

@@ -145,6 +145,24 @@ def test_an_eager_flow_step_logging_its_secret_is_scrubbed(red_cluster: Cluster)
     assert card not in text
 
 
+def test_a_flow_logging_or_printing_its_secret_argument_is_scrubbed(
+        red_cluster: Cluster) -> None:
+    """A flow logs and print()s its own card argument while it replays (a model SDK logs
+    inside the flow the same way): the lines are there, the card is not."""
+    from tests.apps.cluster import logs_its_card
+
+    c = red_cluster
+    card, k = secret(), uid("fl")
+    res = c.sw.start(k, logs_its_card, k, card).wait(T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    wait_for(lambda: "flow printing card" in worker_log(c)
+             and "to stderr" in worker_log(c), T, "the flow's printed lines")
+    text = worker_log(c)
+    assert f"flow charging card {REDACTED}" in text
+    assert f"flow printing card {REDACTED}" in text
+    assert card not in text
+
+
 def test_a_tool_printing_its_secret_is_scrubbed(red_cluster: Cluster) -> None:
     """A tool that print()s its card (stdout and stderr, which the worker redirects to its
     log): the lines are there, the card is not."""
