@@ -18,7 +18,8 @@ from typing import Any
 
 from .errors import BadInput
 
-__all__ = ["UNIT_PREFIX", "CallFor", "Unit", "is_unit", "model_turn", "turn_line"]
+__all__ = ["FUNCTION_TOOL", "MODEL_REQUEST", "UNIT_PREFIX", "CallFor", "Unit", "is_unit",
+           "model_turn", "step_label", "turn_line", "unit_kind"]
 
 UNIT_PREFIX = "unit:"
 _MAX = 200 - len(UNIT_PREFIX)
@@ -50,6 +51,33 @@ class CallFor:
 
 def is_unit(tool_name: str) -> bool:
     return tool_name.startswith(UNIT_PREFIX)
+
+
+#: the one name of a model request's step, wherever people read it
+MODEL_REQUEST = "model request"
+FUNCTION_TOOL = "function tool"
+
+
+def unit_kind(tool_name: str) -> str | None:
+    """What a durable unit is: ``model request`` (an agent's request to its model),
+    ``function tool`` (a call of a function tool that is not an ``@sw.tool``), or None for
+    a step that is no unit."""
+    if not is_unit(tool_name):
+        return None
+    return MODEL_REQUEST if "__model." in tool_name else FUNCTION_TOOL
+
+
+def step_label(tool_name: str) -> str:
+    """A step's one name where people read it (``show``, the dashboard, the JSON): its
+    tool's function name; ``model request``; a function tool's own name."""
+    kind = unit_kind(tool_name)
+    if kind == MODEL_REQUEST:
+        return MODEL_REQUEST
+    if kind == FUNCTION_TOOL:  # Pydantic AI: ...call_tool:NAME; OpenAI Agents: ...__tool.NAME
+        name = tool_name.rpartition(":")[2] if ".call_tool:" in tool_name else \
+            tool_name.rpartition("__tool.")[2]
+        return name or tool_name
+    return tool_name.rsplit(".", 1)[-1]
 
 
 def model_turn(tool_name: str, result: Any) -> dict[str, Any] | None:

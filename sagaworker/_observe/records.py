@@ -14,7 +14,7 @@ from typing import Any
 from .._base.canonical import canonical_args
 from .._base.jsonable import plain
 from .._base.types import ApprovalRequest, EntryRecord, Phase, SagaRecord, SagaResult
-from .._base.units import model_turn
+from .._base.units import model_turn, step_label, unit_kind
 from .process import (
     redact_keys,
     signature_of,
@@ -196,6 +196,9 @@ def saga_json(rec: SagaRecord, redaction: Redaction | None = None) -> dict[str, 
     d["waiting_on"] = None if step is None else {
         "seq": step.seq, "tool_name": step.tool_name, "phase": step.phase.value}
     for e, out in zip(rec.entries, d["entries"], strict=True):
+        # its one name, and what kind of step it is (a tool's, an agent's model request,
+        # a function tool's call)
+        out["name"], out["kind"] = step_label(e.tool_name), unit_kind(e.tool_name) or "tool"
         turn = model_turn(e.tool_name, e.result)
         if turn is not None:  # an agent's model request: its model, tokens, tools asked
             out["model_turn"] = turn

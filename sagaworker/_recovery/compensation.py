@@ -15,7 +15,7 @@ import structlog
 
 from .._base.awaiting import settle
 from .._base.types import CompensationContext, OutcomeResult, SagaStatus
-from .._base.units import is_unit
+from .._base.units import FUNCTION_TOOL, MODEL_REQUEST, is_unit, unit_kind
 from .._journal.machine import Held, UndoClaim, UndoState, new_token
 from .._journal.rows import idempotency_key
 from .._journal.runtime import Runtime
@@ -27,6 +27,8 @@ from .._worker.execution import Heartbeat
 __all__ = ["Compensator", "current_compensation"]
 
 log = get_logger()
+#: how the skip of an agent's durable unit reads (nothing to undo: logged at info)
+_UNIT_SKIPS = (f"a {MODEL_REQUEST}: ", f"a {FUNCTION_TOOL}: ")
 #: the context of the undo running now (also for zero-argument undos)
 current_compensation: contextvars.ContextVar[CompensationContext | None] = (
     contextvars.ContextVar("sagaworker_compensation", default=None))
@@ -110,7 +112,7 @@ class Compensator:
             return (OutcomeResult.COMPENSATION_FAILED,
                     f"its undo was not run: {row.unreadable}", st.attempt)
         if is_unit(row.tool_name):
-            return OutcomeResult.SKIPPED, "a durable unit (a model request): nothing to undo", 0
+            return OutcomeResult.SKIPPED, f"a {unit_kind(row.tool_name)}: nothing to undo", 0
         spec = rt.registry.tool(row.tool_name)
         if spec is None:
             return (OutcomeResult.COMPENSATION_FAILED,
@@ -152,6 +154,8 @@ class Compensator:
     def _log_outcome(self, result: OutcomeResult, detail: str | None, attempts: int) -> None:
         if result is OutcomeResult.COMPENSATED:
             log.info("compensated", attempts=attempts)
+        elif result is OutcomeResult.SKIPPED and (detail or "").startswith(_UNIT_SKIPS):
+            log.info("compensation_skipped", detail=detail)  # nothing was there to undo
         elif result is OutcomeResult.SKIPPED:
             log.warning("compensation_skipped", detail=detail)
         else:

@@ -22,7 +22,7 @@ from .._base.types import (
     SagaRecord,
     SagaStatus,
 )
-from .._base.units import UNIT_PREFIX, is_unit, model_turn, turn_line
+from .._base.units import FUNCTION_TOOL, model_turn, step_label, turn_line, unit_kind
 from .._journal.raw_rows import UnreadableSaga
 from .._observe.records import Redaction, saga_json, waiting_step
 from .._observe.visible import visible
@@ -136,10 +136,12 @@ class _Grid:
 
 
 def _tool(name: str) -> str:
-    if is_unit(name):  # a durable unit: "trip model request" for unit:trip__model.request
-        return escape(visible(name[len(UNIT_PREFIX):].replace("__model.request",
-                                                              " model request")))
-    return escape(visible(name.rsplit(".", 1)[-1]))
+    """A step's one name (``model request`` for an agent's model request), a function
+    tool's call marked as one."""
+    label = step_label(name)
+    if unit_kind(name) == FUNCTION_TOOL:
+        label = f"{label} ({FUNCTION_TOOL})"
+    return escape(visible(label))
 
 
 def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
@@ -169,7 +171,8 @@ def render_saga(rec: SagaRecord, redaction: Redaction | None = None) -> None:
                "undo tries"), title="journal")
     for e in rec.entries:
         turn = model_turn(e.tool_name, e.result)
-        t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), _cell([e.args, e.kwargs]),
+        args = "" if unit_kind(e.tool_name) else _cell([e.args, e.kwargs])  # (a unit has none)
+        t.add_row(str(e.seq), _tool(e.tool_name), _phase(e), args,
                   _cell(turn_line(turn)) if turn is not None else
                   _cell(e.result) if e.phase is Phase.EXECUTED else _cell(e.error or ""),
                   str(e.attempts), _outcome(e), str(e.compensation_attempts or ""))

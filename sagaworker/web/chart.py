@@ -23,7 +23,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from .._base.units import is_unit
+from .._base.units import MODEL_REQUEST, step_label, unit_kind
 
 __all__ = ["Bar", "Row", "render", "rows_of"]
 
@@ -98,8 +98,8 @@ def _row(r: Any, now: datetime) -> Row:
                         f"queued {_at(queued_from)} → {_at(start)}"))
         kind = "in-doubt" if r.in_doubt else phase.lower()
         what = phase.lower()
-        if kind == "executed" and is_unit(str(r.tool_name)):  # an agent's model turn
-            kind, what = "model", "model turn"
+        if kind == "executed" and unit_kind(str(r.tool_name)) == MODEL_REQUEST:
+            kind, what = "model", MODEL_REQUEST  # an agent's model turn
         bars.append(Bar(kind, start, end, f"{what}: ran {_at(start)} → {_at(end)} "
                         f"({took.total_seconds():.3f} s), attempt {r.attempts}"))
     elif phase == "CANCELLED":
@@ -112,7 +112,7 @@ def _row(r: Any, now: datetime) -> Row:
         bars.append(Bar(f"undo-{outcome}", compensated, compensated,
                         f"undo {r.compensation} at {_at(compensated)} after {tries} "
                         f"tr{'y' if tries == 1 else 'ies'}"))
-    return Row(r.seq, str(r.tool_name).rsplit(".", 1)[-1], phase, bars,
+    return Row(r.seq, step_label(str(r.tool_name)), phase, bars,
                trace_id_of(getattr(r, "trace_context", None)))
 
 

@@ -23,7 +23,7 @@ from sagaworker import (
     SagaStatus,
     SealedElsewhere,
 )
-from sagaworker._base.units import model_turn, turn_line
+from sagaworker._base.units import model_turn, step_label, turn_line
 from sagaworker._observe.records import waiting_step
 from sagaworker._observe.visible import visible
 
@@ -142,7 +142,7 @@ def saga_page(saga_id: str) -> str:
 
 
 def _short_tool(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
+    return step_label(name)
 
 
 def _when(t: datetime | None) -> str:

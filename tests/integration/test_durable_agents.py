@@ -75,10 +75,18 @@ def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> Non
     turns_shown = [e.get("model_turn") for e in saga_json(c.sw.inspect(key))["entries"]]
     assert [t and t["asks"] for t in turns_shown] == [
         ["book_hotel"], None, ["charge_card"], None, []]
+    # one name for a model request in the JSON, beside the step's kind
+    shown = saga_json(c.sw.inspect(key))["entries"]
+    assert [(e["name"], e["kind"]) for e in shown] == [
+        ("model request", "model request"), ("book_hotel", "tool"),
+        ("model request", "model request"), ("charge_card", "tool"),
+        ("model request", "model request")]
     assert turns_shown[0]["model"] == "function:trip_model:"
     assert turns_shown[0]["input_tokens"] > 0 and turns_shown[0]["output_tokens"] > 0
     page = create_app(c.sw).test_client().get(f"/ui/sagas/{key}").get_data(as_text=True)
     assert "asks book_hotel" in page
+    assert page.count('<span class="name" title="unit:trip__model.request">model request'
+                      '</span>') == 3
     assert page.count('class="tl-bar tl-model"') == 3  # the timeline draws the 3 turns
 
 
@@ -104,6 +112,10 @@ def test_a_declined_card_cancels_the_hotel(crash_cluster: Cluster) -> None:
                                         OutcomeResult.COMPENSATED),
         (UNIT, OutcomeResult.SKIPPED)]
     assert turns(c, key) == ["turn-0", "turn-1"]
+    # a model request's skip is no warning: nothing was there to undo
+    skips = [e for e in c.events(key) if e.get("event") == "compensation_skipped"]
+    assert [(e["level"], e["detail"]) for e in skips] == [
+        ("info", "a model request: nothing to undo")] * 2
 
 
 @pytest.mark.one_broker
