@@ -46,9 +46,16 @@ _OUTPUT: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutp
 _USAGE: TypeAdapter[Usage] = TypeAdapter(Usage)
 
 
-def _dump(r: ModelResponse) -> dict[str, Any]:
+def _model_name(model: Model) -> str:
+    """The model a request went to, as people read it (the SDK's models keep its name in
+    ``model``; a custom one is named by its class)."""
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) and name else type(model).__name__
+
+
+def _dump(r: ModelResponse, model: str) -> dict[str, Any]:
     """A response as the journal holds it (JSON), in the shape ``model_turn`` reads."""
-    return {"model_name": "openai-agents", "parts": [
+    return {"model_name": model, "parts": [
         {"part_kind": "tool-call", "tool_name": getattr(o, "name", None)}
         for o in r.output if getattr(o, "type", None) == "function_call"],
         "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
@@ -76,7 +83,8 @@ class _JournaledModel(Model):
             return await self.inner.get_response(*args, **kwargs)
 
         async def body() -> dict[str, Any]:
-            return _dump(await self.inner.get_response(*args, **kwargs))
+            return _dump(await self.inner.get_response(*args, **kwargs),
+                         _model_name(self.inner))
 
         payload = await ctx.unit(f"{self.name}__model.request", body)
         return _load(payload)

@@ -149,8 +149,10 @@ def test_an_openai_agents_run_sends_each_model_turn_once(crash_cluster: Cluster)
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
     assert effects(c, key) == ["book_hotel", "charge_card"]
     shown = [e.get("model_turn") for e in saga_json(c.sw.inspect(key))["entries"]]
-    assert [t and (t["asks"], t["input_tokens"]) for t in shown] == [
-        (["book_hotel"], 10), None, (["charge_card"], 10), None, ([], 10)]
+    assert [t and (t["model"], t["asks"], t["input_tokens"], t["output_tokens"])
+            for t in shown] == [("Scripted", ["book_hotel"], 10, 3), None,
+                                ("Scripted", ["charge_card"], 10, 3), None,
+                                ("Scripted", [], 10, 3)]
 
 
 def test_an_openai_agents_run_killed_mid_request_resumes_without_repeating_a_turn(
