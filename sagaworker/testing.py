@@ -30,6 +30,7 @@ import inspect
 import secrets
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -116,7 +117,9 @@ class _InProcessBus:
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.sw.compensator.run_chain(saga_id)
 
-    def send_advance(self, saga_id: str) -> None:
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
+        if countdown:  # (a model request's backoff: this toolkit runs in one process)
+            time.sleep(countdown)
         self.sw.executor.eager.carry(saga_id)
 
     def queue_of(self, tool: str, queue: str | None) -> str | None:

@@ -21,8 +21,8 @@ from kombu.utils.json import object_hook as _kombu_hook
 from .errors import BadInput
 
 __all__ = ["RESERVED_KEY", "args_digest", "bad_argument", "canonical_args", "check_arguments",
-           "check_json", "check_text", "from_wire", "not_json", "storable", "to_wire",
-           "unstorable"]
+           "check_json", "check_text", "from_wire", "has_control", "not_json", "oversize",
+           "storable", "to_wire", "unheld_result", "unstorable"]
 
 _NATIVE = (str, int, float, bool, type(None))
 
@@ -93,6 +93,13 @@ _KEY_PROBLEMS = (RESERVED_DICT, TAG_DICT, "dict key with a NUL character",
                  "dict key with a lone surrogate (not valid Unicode)")
 _RENAME = ("rename the key (the journal would read the value back as something else); "
            "nothing was journaled")
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character: C0 (a NUL, a line break), DEL or C1
+    (U+0080 to U+009F: NEL, a terminal's CSI), which an id must not (a terminal showing
+    the id would act on it)."""
+    return any(ch < " " or "\x7f" <= ch <= "\x9f" for ch in text)
 
 
 def unstorable(text: str) -> str | None:
@@ -258,6 +265,28 @@ def check_size(encoded: str, what: str, limit: int) -> None:
             f"{what} are {size} bytes, over the {limit}-byte limit "
             "(SAGAWORKER_MAX_ARGS_BYTES); pass a reference (an id, a URL) instead of the "
             "data; nothing was journaled")
+
+
+def unheld_result(value: Any, limit: int) -> str | None:
+    """Why a tool's or a durable unit's result is not journaled (its effect happened: the
+    step is EXECUTED with this as its error), or None: it is not JSON, or its JSON is over
+    ``limit`` bytes (SAGAWORKER_MAX_RESULT_BYTES)."""
+    bad = not_json(value)
+    if bad is not None:
+        return f"result is not JSON: {bad}"
+    too_large = oversize(_dumps(value), limit)
+    return None if too_large is None else f"result is {too_large}"
+
+
+def oversize(encoded: str, limit: int) -> str | None:
+    """``N bytes, over the limit ...; return a reference`` when a result's JSON
+    (``encoded``) is over ``limit`` bytes (SAGAWORKER_MAX_RESULT_BYTES), else None: the
+    journal would hold it, and every reader (the API, the dashboard) be served it."""
+    size = len(encoded.encode())
+    if size <= limit:
+        return None
+    return (f"{size} bytes, over the {limit}-byte limit (SAGAWORKER_MAX_RESULT_BYTES); "
+            "return a reference (an id, a URL) instead of the data")
 
 
 def storable(text: str) -> str:

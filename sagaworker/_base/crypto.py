@@ -20,6 +20,12 @@ ciphertext copied into another row or column with SQL is refused
 (:class:`SealedElsewhere`), never read as that row's value. A token sealed before places
 were (its plaintext is the bare JSON) still reads; ``db rotate-key`` seals it for its place.
 
+A saga journaled with a key has a nonce of its own (``NONCE``), part of the place of each of
+its values (its entries' too): a saga id used again after a prune seals for another nonce,
+so the pruned saga's values never read as the new one's. Its values are all sealed: a clear
+value read from it was written there with SQL, and is refused as a copy is; once ``db
+rotate-key`` has sealed every value of the journal, so is a clear value anywhere.
+
 The cipher is found through the engine's dialect (one per engine): each ``Sagaworker``
 attaches its own when it makes its engine, so several in one process, each with its own
 database and keys, do not mix. An engine nobody attached a cipher to (plain SQL tools,
@@ -29,7 +35,6 @@ another process's engine) writes clear values and refuses to read encrypted ones
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -37,23 +42,31 @@ from pydantic import SecretStr
 from sqlalchemy import JSON, ColumnElement, Engine
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import type_coerce
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import Label
-from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from .canonical import RESERVED_KEY, from_wire, to_wire
+from .canonical import from_wire, to_wire
 from .errors import ConfigurationError, SealedElsewhere
+from .sealed_sql import (
+    AT,
+    CLEAR,
+    MARKER,
+    Located,
+    derive_place,
+    derived_places,
+    keyed_only,
+    place_columns,
+    registered,
+    registry,
+)
 
-__all__ = ["MARKER", "SETTING", "Cipher", "Placed", "SealedElsewhere", "SealedJSON", "attach",
-           "cipher_for", "cipher_of", "is_sealed", "parse_keys"]
+__all__ = ["MARKER", "NONCE", "SETTING", "Cipher", "Placed", "SealedElsewhere", "SealedJSON",
+           "attach", "cipher_for", "cipher_of", "derive_place", "is_sealed", "keyed_only",
+           "parse_keys", "place_columns"]
 
-#: the one key of the JSON object an encrypted value is stored as (reserved)
-MARKER = RESERVED_KEY
-#: the key SQL adds beside ``MARKER`` when it reads a sealed value: the row's place
-AT = "$sagaworker_at"
+#: the place column holding a saga's nonce (None: journaled without a key, or before)
+NONCE = "place_nonce"
 #: what to do about a value copied into a row (SealedElsewhere's messages end with it)
 _FIX = ("from a backup, or delete that saga (docs/encryption.md, \"A value copied with "
         "SQL\")")
@@ -62,8 +75,6 @@ _PLACED = b"@"
 SETTING = "SAGAWORKER_ENCRYPTION_KEYS"
 MAKE_KEY = ('python -c "from cryptography.fernet import Fernet; '
             'print(Fernet.generate_key().decode())"')
-
-_ciphers: weakref.WeakKeyDictionary[Dialect, Cipher] = weakref.WeakKeyDictionary()
 
 
 def parse_keys(raw: str) -> list[str]:
@@ -93,7 +104,8 @@ def fingerprint(key: str) -> str:
 
 class Placed(NamedTuple):
     """A value to write to a sealed column, with its row's place: the values of the
-    column's place columns (``SealedJSON.place``), in that order."""
+    column's place columns (``SealedJSON.place``), in that order (its saga's nonce, last,
+    may be left out: None)."""
 
     value: Any
     at: tuple[Any, ...]
@@ -109,11 +121,19 @@ class Cipher:
             raise ConfigurationError(f"{SETTING} holds no key; make one with: {MAKE_KEY}")
         #: the keys' fingerprints, the sealing key's first
         self.fingerprints = [fingerprint(k) for k in keys]
+        #: each key's name and the key its args digests are keyed with (``digests``)
+        self.digest_keys = [(f[:8], _derived(k, b"sagaworker args digest"))
+                            for f, k in zip(self.fingerprints, keys, strict=True)]
         self._first = Fernet(keys[0])
         self._all = MultiFernet([Fernet(k) for k in keys])
         #: the journal holds no token sealed before places (it says so: a new journal,
         #: or ``db rotate-key`` went through it): one found was copied there, refused
         self.placed_only = False
+
+    def legacy(self, nonce: str | None) -> bool:
+        """A saga's values may be in clear (its args digests unkeyed): it was journaled
+        without a key (no nonce) and ``db rotate-key`` has not sealed the journal yet."""
+        return nonce is None and not self.placed_only
 
     def seal(self, value: Any, place: Sequence[Any]) -> dict[str, str]:
         """``value`` (JSON-ready) as the stored wrapper, encrypted with the first key for
@@ -137,19 +157,24 @@ class Cipher:
                 "written with another key; list that key too (after the current first "
                 "one), or restore the keys the journal was written with") from None
         if not plain.startswith(_PLACED):
-            if self.placed_only and place is not None:
+            nonced = place is not None and len(_unnonced(place)) < len(place)
+            if place is not None and (self.placed_only or nonced):
+                since = ("its saga's are all sealed for their place" if nonced else
+                         "db rotate-key has placed every value of this journal since")
                 raise SealedElsewhere(
                     f"the value in {_row(place)} was sealed before values had places, and "
-                    "db rotate-key has placed every value of this journal since: it was "
-                    "copied there with SQL, not journaled, and is not read; restore the row "
-                    f"{_FIX}")
+                    f"{since}: it was copied there with SQL, not journaled, and is not "
+                    f"read; restore the row {_FIX}")
             return json.loads(plain)  # sealed before places were: db rotate-key places it
         got = json.loads(plain[1:])
         if place is not None and got["at"] != list(place):
+            was = _row(got["at"])
+            if _unnonced(got["at"]) == _unnonced(place):  # the same row of another saga
+                was = (f"an earlier saga with the id {place[1]!r} (pruned, its id used "
+                       "again)")
             raise SealedElsewhere(
-                f"the value in {_row(place)} was sealed for {_row(got['at'])}: it was "
-                "copied there with SQL, not journaled, and is not read; restore the row "
-                f"{_FIX}")
+                f"the value in {_row(place)} was sealed for {was}: it was copied there "
+                f"with SQL, not journaled, and is not read; restore the row {_FIX}")
         return got["v"]
 
     def is_placed(self, sealed: dict[str, str]) -> bool:
@@ -167,11 +192,29 @@ class Cipher:
         return True
 
 
+def _derived(key: str, label: bytes) -> bytes:
+    """A key of its own for ``label``, derived from Fernet key ``key``."""
+    import base64
+    import hashlib
+    import hmac
+
+    return hmac.new(base64.urlsafe_b64decode(key), label, hashlib.sha256).digest()
+
+
+def _unnonced(place: Sequence[Any]) -> list[Any]:
+    """A place without its saga's nonce (``{"n": ...}``)."""
+    return [v for v in place if not isinstance(v, dict)]
+
+
 def _row(place: Sequence[Any]) -> str:
-    """A place for people: ``sagaworker_entries.args (saga 'a', task 'x')``."""
+    """A place for people: ``sagaworker_entries.args (saga 'a', task 'x')`` (the saga's
+    nonce, a random string, is not shown)."""
+    values = _unnonced(place)[1:]
+    if not values:
+        return str(place[0])
     names = ("saga", "task" if str(place[0]).endswith("args") else "step")
     return f"{place[0]} (" + ", ".join(
-        f"{n} {v!r}" for n, v in zip(names, place[1:], strict=False)) + ")"
+        f"{n} {v!r}" for n, v in zip(names, values, strict=False)) + ")"
 
 
 def cipher_of(keys: SecretStr | str | None) -> Cipher | None:
@@ -183,15 +226,25 @@ def cipher_of(keys: SecretStr | str | None) -> Cipher | None:
 
 
 def attach(engine: Engine, cipher: Cipher | None) -> None:
-    """Every statement on ``engine`` seals and opens journal values with ``cipher``."""
+    """Every statement on ``engine`` seals and opens journal values with ``cipher``.
+    Statements compile otherwise with a cipher (``keyed_only``): those compiled already
+    are forgotten when that changes."""
+    was = registered(engine.dialect)
     if cipher is None:
-        _ciphers.pop(engine.dialect, None)
+        registry.pop(engine.dialect, None)
     else:
-        _ciphers[engine.dialect] = cipher
+        registry[engine.dialect] = cipher
+    if (was is None) != (cipher is None):
+        engine.clear_compiled_cache()
 
 
 def cipher_for(engine: Engine) -> Cipher | None:
-    return _ciphers.get(engine.dialect)
+    return _cipher(engine.dialect)
+
+
+def _cipher(dialect: Dialect) -> Cipher | None:
+    got = registered(dialect)
+    return got if isinstance(got, Cipher) else None
 
 
 def is_sealed(value: Any) -> bool:
@@ -230,6 +283,9 @@ class SealedJSON(TypeDecorator[Any]):
     ``None`` is stored as it always was (it tells nothing), and the args digest is taken
     over the clear values before they get here. ``container``: the column holds a dict by
     construction (kwargs, metadata), whose own keys are never read as kombu's type tag.
+    The saga's nonce (``NONCE``), last in ``place``, is left out of a place where it is
+    None (a saga journaled without a key, or before nonces: its values' places are
+    unchanged).
     """
 
     impl = JSON
@@ -254,8 +310,33 @@ class SealedJSON(TypeDecorator[Any]):
         if value.value is None:
             return None
         plain = to_wire(value.value)  # datetimes, Decimals, UUIDs as kombu's JSON tags them
-        cipher = _ciphers.get(dialect)
-        return plain if cipher is None else cipher.seal(plain, [self.what, *value.at])
+        cipher = _cipher(dialect)
+        return plain if cipher is None else cipher.seal(plain, self.place_of(value.at))
+
+    def place_of(self, at: Sequence[Any]) -> list[Any]:
+        """The place a value of the row whose place values are ``at`` is sealed for: the
+        column, then those values (the saga's nonce as ``{"n": nonce}``, or left out)."""
+        values = list(at)
+        if len(values) == len(self.place) and self.place[-1] == NONCE:
+            nonce = values.pop()
+            if nonce is not None:
+                values.append({"n": nonce})
+        return [self.what, *values]
+
+    def _refuse_clear(self, cipher: Cipher, at: Sequence[Any] | None) -> None:
+        """A clear value read by a process with keys: refused where every value is sealed
+        (the journal, once ``db rotate-key`` sealed it; a saga with a nonce, journaled
+        with a key): it was written there with SQL."""
+        nonce = None
+        if at is not None and len(at) == len(self.place) and self.place[-1] == NONCE:
+            nonce = at[-1]
+        if not cipher.legacy(nonce):
+            where = "this journal is sealed (db rotate-key)" if cipher.placed_only else (
+                "this saga is sealed")
+            raise SealedElsewhere(
+                f"the value in {_row(self.place_of(at) if at is not None else [self.what])}"
+                f" is in clear, and every value of {where}: it was written there with SQL, "
+                f"not journaled, and is not read; restore the row {_FIX}")
 
     def column_expression(self, colexpr: ColumnElement[Any]) -> ColumnElement[Any] | None:
         """Read beside its row's place (the columns ``place`` names, of the same table,
@@ -263,15 +344,19 @@ class SealedJSON(TypeDecorator[Any]):
         statement has no such columns, and then a placed token is refused."""
         col = colexpr.element if isinstance(colexpr, Label) else colexpr
         table = getattr(col, "table", None)
-        if table is None or not all(name in table.c for name in self.place):
+        if table is None or not all(name in table.c or name in derived_places
+                                    for name in self.place):
             return None
-        return type_coerce(_Located(col, *[table.c[name] for name in self.place]), self)
+        return type_coerce(Located(col, *place_columns(table, self.place)), self)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         at: Sequence[Any] | None = None
         if isinstance(value, dict) and AT in value and MARKER in value:
             value = dict(value)
             at = value.pop(AT)
+        elif (isinstance(value, dict) and len(value) == 2 and CLEAR in value and AT in value
+              and registered(dialect) is not None):  # a clear value, beside its place
+            value, at = value[CLEAR], value[AT]
         return self.open_at(value, dialect, at)
 
     def open_at(self, value: Any, dialect: Dialect, at: Sequence[Any] | None) -> Any:
@@ -280,37 +365,14 @@ class SealedJSON(TypeDecorator[Any]):
         SQL: sagaworker never writes one) is dropped, never taken for the row's."""
         if isinstance(value, dict) and AT in value and MARKER in value:
             value = {k: v for k, v in value.items() if k != AT}
+        cipher = _cipher(dialect)
         if not is_sealed(value):
+            if value is not None and cipher is not None:
+                self._refuse_clear(cipher, at)
             return from_wire(value, container=self.container)
-        cipher = _ciphers.get(dialect)
         if cipher is None:
             raise ConfigurationError(
                 f"{self.what} in the journal is encrypted; set {SETTING} to the keys it was "
                 "written with (the same value the workers have) to read it")
-        place = [self.what, *(at if at is not None else ["(unknown row)"])]
+        place = self.place_of(at) if at is not None else [self.what, "(unknown row)"]
         return from_wire(cipher.open(value, self.what, place), container=self.container)
-
-
-class _Located(FunctionElement[Any]):
-    """``column`` with ``{AT: [place values]}`` added when it holds a sealed value."""
-
-    name = "sagaworker_located"
-    inherit_cache = True
-
-
-@compiles(_Located, "postgresql")
-def _located_pg(element: _Located, compiler: SQLCompiler, **kw: Any) -> str:
-    col, *place = [compiler.process(c, **kw) for c in element.clauses]
-    return (f"CASE WHEN jsonb_typeof({col}) = 'object' AND ({col}) ? '{MARKER}' "
-            f"THEN ({col}) || jsonb_build_object('{AT}', jsonb_build_array({', '.join(place)})) "
-            f"ELSE {col} END")
-
-
-@compiles(_Located)
-def _located(element: _Located, compiler: SQLCompiler, **kw: Any) -> str:
-    col, *place = [compiler.process(c, **kw) for c in element.clauses]
-    # (text that is not JSON at all reads as it is: its row alone fails, in Python)
-    key, at = f"'$.\"{MARKER}\"'", f"'$.\"{AT}\"'"
-    return (f"CASE WHEN NOT json_valid({col}) THEN {col} WHEN json_type({col}) = 'object' "
-            f"AND json_type({col}, {key}) IS NOT NULL "
-            f"THEN json_set({col}, {at}, json_array({', '.join(place)})) ELSE {col} END")

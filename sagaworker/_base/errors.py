@@ -10,6 +10,7 @@ __all__ = [
     "ApprovalRejected",
     "BadInput",
     "ConfigurationError",
+    "JournalUnavailable",
     "SagaExists",
     "SagaNotFound",
     "SagaworkerError",
@@ -24,6 +25,12 @@ class SagaworkerError(Exception):
 
 class ConfigurationError(SagaworkerError):
     """A tool, an undo or a setting is declared in a way that cannot work."""
+
+
+class JournalUnavailable(ConfigurationError):
+    """The journal's database cannot be reached, or its schema is missing or older than
+    the code. The message names the database with every form of its password masked; a
+    web app logs it and tells its clients only that the journal is unavailable."""
 
 
 class ToolFailed(SagaworkerError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .canonical import has_control
 from .errors import BadInput
 
 __all__ = ["MARKER_DETAIL", "PATCH_PREFIX", "PatchMarker", "patch_id"]
@@ -31,7 +32,7 @@ class PatchMarker:
         if not isinstance(cid, str) or not cid.strip() or len(cid) > _MAX:
             raise BadInput(f"patch id {cid!r}: give a non-empty string of at most {_MAX} "
                            "characters naming the change, e.g. s.patched('add-fraud-check')")
-        if any(ch < " " or ch == "\x7f" for ch in cid):
+        if has_control(cid):
             raise BadInput(f"patch id {cid!r} holds a control character; name the change "
                            "in plain text")
 

@@ -16,6 +16,8 @@ __all__ = ["MAKE_SECRET", "MIN_SECRET_BYTES", "FromEnvironment", "Settings",
 
 #: the shortest approval secret accepted: an HMAC-SHA256 key worth its 256 bits
 MIN_SECRET_BYTES = 32
+#: how long a ``.env`` that is a named pipe may keep a process waiting for its writer
+DOTENV_PIPE_WAIT = 10.0
 MAKE_SECRET = ('Make one with: python -c "import secrets; '
                'print(secrets.token_urlsafe(32))"')
 
@@ -58,7 +60,8 @@ def environment(prefix: str, fields: Any) -> dict[str, str]:
         from dotenv import dotenv_values
 
         try:  # read here: python-dotenv before 1.2.1 skips what is not a regular file
-            values = dotenv_values(stream=StringIO(dotenv.read_text(encoding="utf-8")))
+            # literally: a ${VAR} in a line is text, never another variable's value
+            values = dotenv_values(stream=StringIO(_dotenv_text(dotenv)), interpolate=False)
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(
                 f"{dotenv.resolve()} cannot be read ({type(exc).__name__}: {exc}); fix or "
@@ -69,6 +72,36 @@ def environment(prefix: str, fields: Any) -> dict[str, str]:
     return found
 
 
+def _dotenv_text(path: Path) -> str:
+    """The text of ``.env``; a named pipe is read by a thread, waited for at most
+    ``DOTENV_PIPE_WAIT`` seconds: its open() blocks until a writer comes, and with no
+    writer (the secret manager not running) every process would hang, saying nothing."""
+    if not path.is_fifo():
+        return path.read_text(encoding="utf-8")
+    import threading
+
+    got: list[str | BaseException] = []
+
+    def read() -> None:
+        try:
+            got.append(path.read_text(encoding="utf-8"))
+        except BaseException as exc:  # handed to the caller
+            got.append(exc)
+
+    # a daemon: left blocked in open() when no writer comes, it never holds up an exit
+    reader = threading.Thread(target=read, name="sagaworker-dotenv", daemon=True)
+    reader.start()
+    reader.join(DOTENV_PIPE_WAIT)
+    if not got:
+        raise ConfigurationError(
+            f"{path.resolve()} is a named pipe that no process wrote within "
+            f"{DOTENV_PIPE_WAIT:g} s: start what writes it (your secret manager's run "
+            "command), or remove it and set SAGAWORKER_* in the environment")
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    return got[0]
+
+
 class FromEnvironment(BaseModel):
     """A frozen model whose fields not passed in come from the environment, then from a
     ``.env`` file, then from their defaults (pydantic-settings' order, without its
@@ -77,7 +110,9 @@ class FromEnvironment(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True,
                               # a rejected value (a short secret, a URL with a password)
                               # is not echoed back
-                              hide_input_in_errors=True)
+                              hide_input_in_errors=True,
+                              # a setting may start with "model_" (SAGAWORKER_MODEL_RETRIES)
+                              protected_namespaces=())
     env_prefix: ClassVar[str] = "SAGAWORKER_"
 
     @model_validator(mode="before")
@@ -117,6 +152,13 @@ class Settings(FromEnvironment):
     app: str | None = None
     #: re-runs of an idempotent step whose attempt died, before it ends FAILED in doubt
     max_reruns: int = Field(default=3, ge=0)
+    #: tries in all of an agent's model request that fails for a passing reason (a rate
+    #: limit, a 5xx, a timeout), backing off between them, before the run fails
+    model_retries: int = Field(default=5, ge=1)
+    #: how long an agent's model request in flight is presumed alive without a heartbeat
+    #: (its worker beats three times a lease): a killed worker's run is resumed by another
+    #: within about twice this (a tool step's claim keeps SAGAWORKER_REDELIVER_AFTER)
+    unit_lease: float = Field(default=5, gt=0)
     #: seconds before an undriven RUNNING saga of the asynchronous form is reported
     idle_after: float = Field(default=3600, gt=0)
     #: seconds between the sweeper's replays of a flow held on a divergence
@@ -129,6 +171,9 @@ class Settings(FromEnvironment):
     queue: str = "sagaworker"
     #: largest JSON-encoded arguments a step may carry, in bytes
     max_args_bytes: int = Field(default=256 * 1024, gt=0)
+    #: largest JSON-encoded result a step, a durable unit (a model's answer) or a flow's
+    #: return value may journal, in bytes (every reader of the journal is served it)
+    max_result_bytes: int = Field(default=1024 * 1024, gt=0)
     #: how long an INTENT may stay unstarted before the relay publishes it again
     relay_after: float = Field(default=30, gt=0)
     #: a worker that advances a flow runs the flow's next step itself when it can (no
@@ -149,6 +194,9 @@ class Settings(FromEnvironment):
     trace_url: str | None = None
     #: filesystem broker folder (embedded default only)
     broker_folder: str = ".sagaworker/broker"
+    #: ``sagaworker mcp --http``: the clients' bearer tokens, comma-separated
+    #: ``name:sha256hex`` pairs as SAGAWORKER_WEB_TOKENS (empty: loopback only, no tokens)
+    mcp_tokens: str = ""
 
     @field_validator("trace_url")
     @classmethod

@@ -80,10 +80,19 @@ def step_label(tool_name: str) -> str:
     return tool_name.rsplit(".", 1)[-1]
 
 
+#: the keys of a model turn's display form (what ``model_turn`` gives)
+_TURN_KEYS = frozenset({"model", "input_tokens", "output_tokens", "asks"})
+
+
 def model_turn(tool_name: str, result: Any) -> dict[str, Any] | None:
     """A durable unit that holds a model's response, as people read it: the model, the
-    tokens it reports, the tools it asked for (None for any other step)."""
-    if not is_unit(tool_name) or not isinstance(result, dict) or "model_name" not in result:
+    tokens it reports, the tools it asked for (None for any other step). Its display form
+    (a record redacted for people holds it) is given back as it is."""
+    if not is_unit(tool_name) or not isinstance(result, dict):
+        return None
+    if set(result) == _TURN_KEYS:
+        return result
+    if "model_name" not in result:
         return None
     found_usage, found_parts = result.get("usage"), result.get("parts")
     usage: dict[str, Any] = found_usage if isinstance(found_usage, dict) else {}

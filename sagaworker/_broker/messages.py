@@ -133,5 +133,5 @@ class CeleryBus:
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.send("compensate", saga_id, countdown=countdown)
 
-    def send_advance(self, saga_id: str) -> None:
-        self.send("advance", saga_id)
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
+        self.send("advance", saga_id, countdown=countdown)

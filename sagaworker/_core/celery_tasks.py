@@ -44,9 +44,10 @@ class Parts(Protocol):
 
 def _options(parts: Parts) -> dict[str, Any]:
     # shared=False: Celery would otherwise hand these tasks, bound to this Sagaworker, to
-    # every other app finalized in the process
+    # every other app finalized in the process. No queue=: Celery 6 drops the task
+    # attribute; the sagaworker queue is their route (celery_config's task_routes)
     return {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
-            "queue": parts.settings.queue, "shared": False}
+            "shared": False}
 
 
 def _context(task: Any) -> AbstractContextManager[Any]:
@@ -54,15 +55,18 @@ def _context(task: Any) -> AbstractContextManager[Any]:
                                                    worker=task.request.hostname)
 
 
-def _saga_id(task: Any, saga_id: Any, reason: Any = None) -> str:
+def _saga_id(task: Any, saga_id: Any, reason: Any = None, extra: Any = ()) -> str:
     """The message's saga id, or a poison message: dead-lettered (rejected, not requeued),
-    never acked and lost, and never retried."""
-    if (isinstance(saga_id, str) and saga_id and unstorable(saga_id) is None
-            and (reason is None or isinstance(reason, str))):
-        return saga_id
-    bad = (f"reason is a {type(reason).__name__}" if isinstance(saga_id, str)
-           and saga_id and unstorable(saga_id) is None else f"saga id {saga_id!r:.80} is "
-           "not a saga id")
+    never acked and lost, and never retried. ``extra``: arguments the task does not take
+    (each task takes its saga id as a default, so a message without one is seen here,
+    not failed by Celery's call and acked)."""
+    good_id = isinstance(saga_id, str) and saga_id and unstorable(saga_id) is None
+    if good_id and not extra and (reason is None or isinstance(reason, str)):
+        return str(saga_id)
+    bad = (f"arguments hold {len(extra)} more than it takes" if good_id and extra else
+           f"reason is a {type(reason).__name__}" if good_id else
+           "saga id is missing" if saga_id is None and not extra else
+           f"saga id {saga_id!r:.80} is not a saga id")
     msg = (f"malformed {task.name} message: its {bad}; dead-lettered (fail a saga with "
            "sw.get(saga_id).fail(reason) or `sagaworker abort`)")
     log.error("bad_message", error=msg)
@@ -77,9 +81,10 @@ def _safe(parts: Parts, call: Callable[[], Any]) -> Any:
 
 def add_saga_failed(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.saga_failed", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
-    def saga_failed(self: Any, saga_id: str, reason: str | None = None) -> None:
+    def saga_failed(self: Any, saga_id: Any = None, reason: Any = None, *extra: Any,
+                    **unknown: Any) -> None:
         with _context(self):
-            sid = _saga_id(self, saga_id, reason)
+            sid = _saga_id(self, saga_id, reason, (*extra, *unknown))
             _safe(parts, lambda: parts.compensator.handle_failure(sid, reason))
 
     return saga_failed
@@ -87,9 +92,9 @@ def add_saga_failed(app: Celery, parts: Parts) -> Any:
 
 def add_compensate(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.compensate", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
-    def compensate(self: Any, saga_id: str) -> None:
+    def compensate(self: Any, saga_id: Any = None, *extra: Any, **unknown: Any) -> None:
         with _context(self):
-            sid = _saga_id(self, saga_id)
+            sid = _saga_id(self, saga_id, None, (*extra, *unknown))
             _safe(parts, lambda: parts.compensator.run_chain(sid))
 
     return compensate
@@ -97,9 +102,9 @@ def add_compensate(app: Celery, parts: Parts) -> Any:
 
 def add_advance(app: Celery, parts: Parts) -> Any:
     @app.task(name="sagaworker.advance", bind=True, **_options(parts))  # type: ignore[untyped-decorator]
-    def advance(self: Any, saga_id: str) -> None:
+    def advance(self: Any, saga_id: Any = None, *extra: Any, **unknown: Any) -> None:
         with _context(self):
-            sid = _saga_id(self, saga_id)
+            sid = _saga_id(self, saga_id, None, (*extra, *unknown))
             # the advance may run the flow's next step here (eager steps)
             _safe(parts, lambda: parts.executor.eager.carry(sid, carrier=self))
 

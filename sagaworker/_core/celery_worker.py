@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Any, Protocol
 
 from celery import Celery, signals
@@ -229,6 +228,15 @@ class WorkerStartup:
         if interval > 0:
             threading.Thread(target=self._sweep_loop, args=(interval,), daemon=True,
                              name="sagaworker-sweeper").start()
+            # agents' model requests whose worker died: their runs go on within seconds
+            threading.Thread(target=self._requests_loop, daemon=True,
+                             name="sagaworker-requests").start()
+        # the key fact on a timer of its own: a worker that sweeps nothing
+        # (SAGAWORKER_SWEEP_INTERVAL=0, docs/scaling.md's tool-only workers) writes results
+        # too, and must stop as well rather than write them in clear beside sealed ones
+        every = min(KEYS_EVERY, 5 * interval) if interval > 0 else KEYS_EVERY
+        threading.Thread(target=self._keys_loop, args=(every,), daemon=True,
+                         name="sagaworker-keys").start()
 
     def _on_shutdown(self, **_: Any) -> None:
         self._stop.set()
@@ -246,15 +254,26 @@ class WorkerStartup:
             log.warning("dead_letter_declare_failed", error=str(exc))
 
     def _sweep_loop(self, interval: float) -> None:
-        checked = time.monotonic()
         while not self._stop.wait(interval):
             try:
                 self.sw.sweeper.sweep()
             except Exception as exc:  # a database blip must not kill the timer
                 log.warning("sweep_failed", error=f"{type(exc).__name__}: {exc}")
-            if time.monotonic() - checked >= min(KEYS_EVERY, 5 * interval):
-                checked = time.monotonic()
-                self._check_keys()
+
+    def _keys_loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._check_keys()
+
+    def _requests_loop(self) -> None:
+        """Every SAGAWORKER_UNIT_LEASE: agents' model requests whose worker stopped beating
+        are handed on (their flows advanced again: another worker re-sends them)."""
+        while not self._stop.wait(self.sw.settings.unit_lease):
+            try:
+                handed = self.sw.sweeper.requests()
+                if handed:
+                    log.info("sweep", requests=handed)
+            except Exception as exc:  # a database blip must not kill the timer
+                log.warning("sweep_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _check_keys(self) -> None:
         """Encryption turned on while this worker runs without the key: it stops (a warm

@@ -14,6 +14,7 @@ from .._base.canonical import (
     check_json,
     check_size,
     check_text,
+    has_control,
     storable,
     unstorable,
 )
@@ -155,7 +156,7 @@ class Sagaworker(AsyncTwins):
             # shared=False: Celery would otherwise hand the task to every app in the process
             task = self.app.task(bind=True, base=ToolTask, name=task_name, shared=False,
                                  sagaworker_executor=executor, sagaworker_spec=spec,
-                                 **celery_task_options)(run)
+                                 **_task_options(celery_task_options))(run)
             spec.task = task
             self.registry.add_tool(spec)
             if spec.queue:
@@ -324,6 +325,13 @@ class Sagaworker(AsyncTwins):
         self.rt.bus.send_failure(saga_id, reason)
 
 
+def _task_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A tool's Celery options as its task takes them: without ``queue``, a task attribute
+    Celery 6 drops (5.7 warns); the tool's queue is journaled with each of its steps,
+    whose every publish names it."""
+    return {k: v for k, v in options.items() if k != "queue"}
+
+
 def _refuse(problem: str | None) -> None:
     if problem:
         raise ConfigurationError(problem)
@@ -332,7 +340,7 @@ def _refuse(problem: str | None) -> None:
 def _check_id(saga_id: Any) -> None:
     if not isinstance(saga_id, str) or not saga_id or len(saga_id) > 200:
         raise ConfigurationError("a saga id is a non-empty string of at most 200 characters")
-    if any(ch < " " or ch == "\x7f" for ch in saga_id):
+    if has_control(saga_id):
         raise BadInput(f"saga id {saga_id!r} holds a control character (a NUL, a line "
                        "break...); use letters, digits and punctuation")
     bad = unstorable(saga_id)

@@ -51,6 +51,7 @@ from .._base.crypto import attach, cipher_for
 from .._base.errors import ConfigurationError
 from .._observe.logging import get_logger
 from .schema import entries, sagas
+from .urls import masked
 
 __all__ = ["ON_COMMIT", "AppTx", "is_app_connection", "is_async_app_connection",
            "same_database", "split_connection"]
@@ -186,8 +187,8 @@ def _check_same_database(journal: Engine, conn: Connection) -> None:
     a, b = journal.url, conn.engine.url
     if not same_database(a, b) and not _same_server(journal, conn):
         raise ConfigurationError(
-            f"connection= is on {b.render_as_string(hide_password=True)}, the journal on "
-            f"{a.render_as_string(hide_password=True)}: the saga can share a transaction "
+            f"connection= is on {masked(b)}, the journal on "
+            f"{masked(a)}: the saga can share a transaction "
             "only with the journal's own database; pass a connection to that database, or "
             "none (the saga then commits on its own)")
 

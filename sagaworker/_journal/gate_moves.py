@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from .._base.canonical import args_digest
+from .._base import digests
+from .._base.crypto import cipher_for
 from .._base.types import Phase, SagaStatus
 from .dialect import db_now
 from .lifecycle import move, performs
@@ -38,10 +39,12 @@ class GateMoves(MoveBase):
     @performs("step", "approve")
     @performs("saga", "decided")
     def approve(self, saga_id: str, seq: int, *, check: Callable[[Any, Any], None],
-                approver: str, token: str, reason: str | None) -> Any:
+                approver: str, token: str, reason: str | None,
+                prove: Callable[[Any], str]) -> Any:
         """Moves ``approve`` (and ``decided`` once no other gate waits): the entry, or None
         when the saga's deadline had passed (on the database's clock): nothing is
-        approved, the saga is asked to fail."""
+        approved, the saga is asked to fail. ``prove``: the approval's proof for the
+        entry (``Signer.prove``: only the approval secret makes one), journaled with it."""
         with self.j.engine.begin() as conn:
             saga, row, replay = self._gate(conn, saga_id, seq, token, check)
             if saga.fail_token == token:
@@ -55,8 +58,9 @@ class GateMoves(MoveBase):
             # published_at: the relay counts from the approval, not the original INTENT
             self.j.set_entry(conn, saga_id, seq, phase=move("step", "approve").target,
                              approved_by=approver, approved_at=t,
-                             approved_digest=args_digest(row.args or [], row.kwargs or {}),
-                             approval_nonce=None,
+                             approved_digest=digests.digest(cipher_for(self.j.engine),
+                                                            row.args or [], row.kwargs or {}),
+                             approval_proof=prove(row), approval_nonce=None,
                              published_at=t, decided_by=token)
             others = conn.execute(select(entries.c.seq).where(
                 entries.c.saga_id == saga_id,

@@ -80,13 +80,16 @@ MOVES: tuple[Move, ...] = (
          "as journal, for a flow's patch marker: no tool, no message, its undo SKIPPED "
          "with it", "flow_patch_marked"),
     Move("step", "approve", (Phase.AWAITING_APPROVAL.value,), Phase.INTENT.value,
-         "a valid token; the saga is open and was never asked to fail", "approval_granted"),
+         "a valid token; the saga is open, was never asked to fail and is not held",
+         "approval_granted"),
     Move("step", "reject", (Phase.AWAITING_APPROVAL.value,), Phase.REJECTED.value,
          "a valid token; the saga is open and was never asked to fail; asks it to fail",
          "approval_rejected"),
     Move("step", "claim", (ATTEMPT_IDLE,), ATTEMPT_RUNNING,
-         "no live attempt; the saga is open and not failing; a gated step is approved; "
-         "a fresh attempt token and a lease on the database clock", "step_rerun"),
+         "no live attempt; the saga is open, not failing and not held (diverged); a gated "
+         "step is approved; a Celery message counted no lower than the journaled retry, "
+         "and that retry due; a fresh attempt token and a lease on the database clock",
+         "step_rerun, step_superseded, step_not_due"),
     Move("step", "heartbeat", (ATTEMPT_RUNNING,), ATTEMPT_RUNNING,
          "the attempt token still holds the lease"),
     Move("step", "release", (ATTEMPT_RUNNING,), ATTEMPT_IDLE,

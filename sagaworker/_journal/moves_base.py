@@ -41,7 +41,12 @@ class Start(Enum):
     BUSY = "busy"                # another delivery's attempt is still running
     CANCELLED = "cancelled"      # the saga is failing: the step is not run
     IN_DOUBT = "in_doubt"        # an earlier attempt died with no outcome
+    HELD = "held"                # the saga is held on a divergence: runs once resumed
     NOT_APPROVED = "not_approved"
+    #: a copy of an earlier Celery retry (the sweeper's resend, a redelivery): the journal
+    #: counts a later retry, which runs the step (or ran it)
+    SUPERSEDED = "superseded"
+    NOT_DUE = "not_due"          # its Celery retry is not due yet: sent again for then
     UNKNOWN = "unknown"          # no such saga or entry
     MISMATCH = "mismatch"        # the message names another tool than the journal
 

@@ -33,8 +33,8 @@ from .._base.types import OPEN, Phase
 from .dialect import POOLED
 from .schema import entries, sagas
 
-__all__ = ["Claimed", "UndoRow", "backend_pid", "claim", "complete", "enabled", "executed",
-           "intent", "intent_seq", "settle", "undo_next"]
+__all__ = ["Claimed", "Place", "UndoRow", "backend_pid", "claim", "complete", "enabled",
+           "executed", "intent", "intent_seq", "settle", "undo_next"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -50,6 +50,17 @@ class Claimed(NamedTuple):
     approved_by: str | None = None
     approved_digest: str | None = None
     trace_context: str | None = None  # the step's enqueue span's (tracing)
+    place_nonce: str | None = None  # its saga's (``sagas.place_nonce``)
+
+
+class Place(NamedTuple):
+    """The saga's nonce a statement seals values for (a journal with keys)."""
+
+    nonce: str | None
+
+
+#: a statement sealing values for a saga's nonce writes only while it is the saga's
+_NONCE = " AND place_nonce IS NOT DISTINCT FROM %(place)s::text"
 
 
 class UndoRow(NamedTuple):
@@ -187,54 +198,64 @@ WHERE e.saga_id = %(saga)s AND e.seq = %(seq)s AND e.phase = '{_INTENT}'
   AND e.lease_until IS NULL AND e.tool_name = %(tool)s AND e.approved_by IS NULL
   AND s.saga_id = e.saga_id AND s.status IN ({_OPEN}) AND s.fail_requested_at IS NULL
   AND (s.deadline_at IS NULL OR s.deadline_at > statement_timestamp())
-RETURNING e.attempts, e.args_digest, e.trace_context
+  AND s.divergence IS NULL
+  AND (%(retries)s::integer IS NULL OR e.celery_retries <= %(retries)s::integer)
+  AND (%(retries)s::integer IS NULL OR e.retry_due_at IS NULL
+       OR e.retry_due_at <= statement_timestamp())
+RETURNING e.attempts, e.args_digest, e.trace_context, s.place_nonce
 """
 
 
 def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, worker: str,
-          task_id: str | None, lease: float) -> Claimed | None:
+          task_id: str | None, lease: float, retries: int | None = None) -> Claimed | None:
     """Move ``claim``, the common case: an ungated INTENT nobody holds, in an open saga not
-    asked to fail, before its deadline. None: not the common case (the caller takes the
-    locked path)."""
+    asked to fail, before its deadline; delivered by a Celery message counted ``retries``
+    (None: no message), not a copy of an earlier retry, and its retry due. None: not the
+    common case (the caller takes the locked path)."""
     row = _run(engine, _CLAIM, {"lease": lease, "worker": worker, "token": token,
                                 "task_id": task_id, "saga": saga_id, "seq": seq,
-                                "tool": tool})
-    return None if row is None else Claimed(int(row[0]), str(row[1]), trace_context=row[2])
+                                "tool": tool, "retries": retries})
+    return None if row is None else Claimed(int(row[0]), str(row[1]), trace_context=row[2],
+                                            place_nonce=row[3])
 
 
 @functools.cache
-def _executed_sql(traced: bool) -> str:
+def _executed_sql(traced: bool, keyed: bool = False) -> str:
     # the run's span context only when it was traced: else the statement is unchanged
     span = " span_context = %(span)s," if traced else ""
+    guard, nonce = (" AND EXISTS (SELECT 1 FROM bump)", _NONCE) if keyed else ("", "")
     return f"""
 WITH bump AS (
     UPDATE {_S} SET exec_counter = exec_counter + 1, updated_at = statement_timestamp()
-    WHERE saga_id = %(saga)s RETURNING exec_counter, status, flow)
+    WHERE saga_id = %(saga)s{nonce} RETURNING exec_counter, status, flow)
 UPDATE {_E} SET
     phase = '{_EXECUTED}', result = %(result)s, executed_at = statement_timestamp(),
     updated_at = statement_timestamp(),{span}
     exec_order = (SELECT exec_counter FROM bump), lease_until = NULL,
     duration_ms = %(ms)s, error = NULL
-WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'
+WHERE saga_id = %(saga)s AND seq = %(seq)s AND phase = '{_INTENT}'{guard}
   AND attempt_token = %(token)s
 RETURNING (SELECT status FROM bump), (SELECT flow FROM bump)
 """
 
 
 def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
-             duration_ms: float, span_context: str | None = None
-             ) -> tuple[str, str | None] | None:
+             duration_ms: float, span_context: str | None = None,
+             place: Place | None = None) -> tuple[str, str | None] | None:
     """Move ``execute`` fenced by the attempt token, with the saga row's lock and the next
-    execution order taken in the same statement. (status, flow), or None on a miss."""
-    row = _run(engine, _executed_sql(span_context is not None), {
-        "saga": saga_id, "seq": seq, "token": token,
-        "result": _json(engine, "result", result, saga_id, seq), "ms": duration_ms,
+    execution order taken in the same statement. (status, flow), or None on a miss.
+    ``place``: the result sealed for that nonce (a miss when it is not the saga's)."""
+    nonce = None if place is None else place.nonce
+    row = _run(engine, _executed_sql(span_context is not None, place is not None), {
+        "saga": saga_id, "seq": seq, "token": token, "place": nonce,
+        "result": _json(engine, "result", result, saga_id, seq, nonce), "ms": duration_ms,
         "span": span_context})
     return None if row is None else (str(row[0]), row[1])
 
 
 @functools.cache
-def _intent_sql(gated: bool, traced: bool, flow: bool = False, claim: bool = False) -> str:
+def _intent_sql(gated: bool, traced: bool, flow: bool = False, claim: bool = False,
+                keyed: bool = False) -> str:
     status = ", status = 'AWAITING_APPROVAL'" if gated else ""
     # the enqueue span's context only when it was traced: else the statement is unchanged
     column, value = (", trace_context", ", %(trace)s") if traced else ("", "")
@@ -242,6 +263,7 @@ def _intent_sql(gated: bool, traced: bool, flow: bool = False, claim: bool = Fal
     advanced = (", advanced_at = statement_timestamp(), advanced_seen = %(seen)s, "
                 "resends = 0, resend_at = NULL") if flow else ""
     expect = " AND last_seq = %(expect)s" if flow else ""
+    expect += _NONCE if keyed else ""
     # an eager step: claimed by this statement unless the saga's deadline passed (then
     # the claim's own path finds it so and fails the saga)
     live = ", (deadline_at IS NULL OR deadline_at > statement_timestamp()) AS live"
@@ -272,18 +294,21 @@ def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
            kwargs: dict[str, Any], digest: str, queue: str | None, task_id: str,
            gated: bool, nonce: str | None, trace_context: str | None = None,
            expect: int | None = None, seen: int | None = None,
-           claim: tuple[str, str, float] | None = None) -> tuple[int, bool] | None:
+           claim: tuple[str, str, float] | None = None,
+           place: Place | None = None) -> tuple[int, bool] | None:
     """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump: (seq,
     claimed), or None when the saga takes no new steps. ``expect``/``seen``: a flow's
     replay (``Journal.add_entries``); ``claim`` (token, worker, lease): an eager step,
-    claimed in the same statement (``claimed``) unless the saga's deadline passed."""
+    claimed in the same statement (``claimed``) unless the saga's deadline passed.
+    ``place``: the values sealed for that nonce (None too when it is not the saga's)."""
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
     token, worker, lease = claim or (None, None, 0.0)
+    saga_nonce = None if place is None else place.nonce  # (``nonce``: the gate's)
     row = _run(engine, _intent_sql(gated, trace_context is not None, expect is not None,
-                                   claim is not None and not gated), {
-        "saga": saga_id, "tool": tool, "phase": phase,
-        "args": _json(engine, "args", args, saga_id, task_id),
-        "kwargs": _json(engine, "kwargs", kwargs, saga_id, task_id),
+                                   claim is not None and not gated, place is not None), {
+        "saga": saga_id, "tool": tool, "phase": phase, "place": saga_nonce,
+        "args": _json(engine, "args", args, saga_id, task_id, saga_nonce),
+        "kwargs": _json(engine, "kwargs", kwargs, saga_id, task_id, saga_nonce),
         "digest": digest, "queue": queue, "task_id": task_id, "nonce": nonce,
         "trace": trace_context, "expect": expect, "seen": seen, "token": token,
         "worker": worker, "lease": lease})
@@ -305,7 +330,8 @@ def intent_seq(engine: Engine, saga_id: str, task_id: str) -> tuple[int, str | N
 # compensates, so reading them beside the function's row is reading them after it)
 _UNDO_NEXT = f"""
 SELECT e.seq, e.tool_name, e.args, e.kwargs, e.result, e.span_context, e.exec_order,
-       e.compensation_attempts, e.undo_token, s.reason, s.trace_context, e.task_id
+       e.compensation_attempts, e.undo_token, s.reason, s.trace_context, e.task_id,
+       s.place_nonce
 FROM sagaworker_undo_next(%(saga)s, %(seq)s, %(result)s, %(detail)s, %(attempts)s,
                           %(token)s, %(next)s, %(lease)s, %(worker)s) AS e
 JOIN {_S} AS s ON s.saga_id = e.saga_id
@@ -325,7 +351,7 @@ def undo_next(engine: Engine, *, saga_id: str, seq: int, result: str, detail: st
                                     "next": next_token, "lease": lease, "worker": worker})
     if row is None:
         return None
-    call, step = (saga_id, row[11]), (saga_id, int(row[0]))
+    call, step = (saga_id, row[11], row[12]), (saga_id, int(row[0]), row[12])
     got = UndoRow(int(row[0]), str(row[1]), None, None, None, row[5], int(row[6]),
                   int(row[7]), str(row[8]), row[9], row[10])
     try:
@@ -346,21 +372,26 @@ def _opened(engine: Engine, column: str, value: Any, at: tuple[Any, ...]) -> Any
 # A flow's saga completes: the saga row's last seq must still be the one the replay read
 # (checked again on the row's latest version once it is locked), so an entry journaled
 # after this statement's snapshot, which the NOT EXISTS cannot see, is never skipped.
-_COMPLETE = f"""
+_COMPLETE = """
 UPDATE {_S} SET status = 'COMPLETED', finished_at = statement_timestamp(),
     updated_at = statement_timestamp(), result = %(result)s
 WHERE saga_id = %(saga)s AND status = 'RUNNING' AND fail_requested_at IS NULL
-  AND last_seq = %(expect)s
+  AND last_seq = %(expect)s{guard}
   AND NOT EXISTS (SELECT 1 FROM {_E} WHERE saga_id = %(saga)s
                   AND (phase <> '{_EXECUTED}' OR error IS NOT NULL))
 RETURNING 1
 """
 
 
-def complete(engine: Engine, *, saga_id: str, result: Any, expect: int) -> bool:
+def complete(engine: Engine, *, saga_id: str, result: Any, expect: int,
+             place: Place | None = None) -> bool:
     """Move ``complete`` for a flow whose replay returned, in one round trip: False when
-    not the common case (nothing written: the caller takes the full path)."""
+    not the common case (nothing written: the caller takes the full path). ``place``: the
+    result sealed for that nonce (False when it is not the saga's)."""
+    nonce = None if place is None else place.nonce
     sealed: SealedJSON = sagas.c.result.type  # type: ignore[assignment]
-    value = Jsonb(sealed.process_bind_param(Placed(result, (saga_id,)), engine.dialect))
-    return _run(engine, _COMPLETE, {"saga": saga_id, "result": value,
-                                    "expect": expect}) is not None
+    value = Jsonb(sealed.process_bind_param(Placed(result, (saga_id, nonce)), engine.dialect))
+    sql = _COMPLETE.format(_S=_S, _E=_E, _EXECUTED=_EXECUTED,
+                           guard="" if place is None else _NONCE)
+    return _run(engine, sql, {"saga": saga_id, "result": value, "expect": expect,
+                              "place": nonce}) is not None

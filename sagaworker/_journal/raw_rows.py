@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import type_coerce
 
-from .._base.crypto import SealedElsewhere, SealedJSON
+from .._base.crypto import SealedElsewhere, SealedJSON, place_columns
 from .._base.errors import SagaworkerError
 
 __all__ = ["UnreadableSaga", "opened", "opened_unless_elsewhere", "raw_columns", "raw_select",
@@ -41,9 +41,14 @@ class UnreadableSaga:
 
 
 def raw_columns(table: Table) -> list[Any]:
-    """``table``'s columns, its sealed ones fetched as stored (``opened`` opens them)."""
-    return [type_coerce(c, _RAW).label(c.name) if isinstance(c.type, SealedJSON) else c
-            for c in table.c]
+    """``table``'s columns, its sealed ones fetched as stored (``opened`` opens them), and
+    the place columns they name that it lacks (an entry's saga's nonce)."""
+    derived = sorted({n for c in table.c if isinstance(c.type, SealedJSON)
+                      for n in c.type.place if n not in table.c})
+    return [*(type_coerce(c, _RAW).label(c.name) if isinstance(c.type, SealedJSON) else c
+              for c in table.c),
+            *(col.label(n) for n, col in zip(derived, place_columns(table, derived),
+                                             strict=True))]
 
 
 def raw_select(table: Table) -> Select[Any]:

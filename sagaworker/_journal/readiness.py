@@ -11,13 +11,13 @@ from typing import cast
 
 from sqlalchemy import JSON, Connection, Engine, delete, insert, inspect, select, text, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from .._base.crypto import Cipher, is_sealed
-from .._base.errors import ConfigurationError
+from .._base.errors import ConfigurationError, JournalUnavailable
 from .dialect import POOLED
 from .schema import facts, sagas
+from .urls import masked, scrubbed
 
 __all__ = ["check_approval_secrets", "check_journal", "check_keys", "keys_changed", "masked",
            "unreachable"]
@@ -30,19 +30,12 @@ _APPROVAL = "approval:"  # a fact naming an approval secret's fingerprint
 _PLACED = "values placed"
 
 
-def masked(url: str) -> str:
-    """The URL as it may be shown: its password replaced by ``***``."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not even a URL: show its scheme only
-        return url.split("://", 1)[0] + "://…"
-
-
-def unreachable(url: str, exc: BaseException) -> ConfigurationError:
-    """The one-line refusal for a journal database that cannot be reached."""
+def unreachable(url: str, exc: BaseException) -> JournalUnavailable:
+    """The one-line refusal for a journal database that cannot be reached (no piece of
+    its password in it, nor in the driver's error it quotes)."""
     orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    return ConfigurationError(
+    first = scrubbed((str(orig).strip().splitlines() or [type(orig).__name__])[0], url)
+    return JournalUnavailable(
         f"cannot reach the journal database {masked(url)} ({first[:200]}); check "
         "SAGAWORKER_DATABASE_URL (or the database_url your Sagaworker is given) and that "
         "the server accepts connections")
@@ -112,11 +105,11 @@ def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
     try:
         with engine.connect() as conn:
             if conn.connection.info.get(POOLED):
-                raise ConfigurationError(pooled(url))
+                raise JournalUnavailable(pooled(url))
             if not inspect(conn).has_table(VERSION_TABLE):
                 if made_here:
                     return
-                raise ConfigurationError(
+                raise JournalUnavailable(
                     f"the journal's tables are missing in {masked(url)}: run `sagaworker -A "
                     "MODULE db upgrade` (the release step) before starting workers or "
                     "producers")
@@ -124,18 +117,18 @@ def check_journal(engine: Engine, url: str, *, made_here: bool = False) -> None:
     except (DBAPIError, SQLAlchemyError) as exc:
         if isinstance(exc, DBAPIError) and not exc.connection_invalidated and \
                 not _is_connect_error(exc):
-            raise ConfigurationError(
+            first = scrubbed(str(getattr(exc, "orig", exc)).splitlines()[0], url)
+            raise JournalUnavailable(
                 f"cannot read the journal's schema version in {masked(url)} "
-                f"({str(getattr(exc, 'orig', exc)).splitlines()[0][:200]}); run `sagaworker "
-                "-A MODULE db upgrade`") from None
+                f"({first[:200]}); run `sagaworker -A MODULE db upgrade`") from None
         raise unreachable(url, exc) from None
     head, known = _revisions()
     if version in known and known.index(str(version)) < known.index(head):
-        raise ConfigurationError(
+        raise JournalUnavailable(
             f"the journal's schema in {masked(url)} is at revision {version}, older than "
             f"this code's {head}: run `sagaworker -A MODULE db upgrade`")
     if version is None:
-        raise ConfigurationError(
+        raise JournalUnavailable(
             f"the journal's schema in {masked(url)} has no revision: run `sagaworker -A "
             "MODULE db upgrade`")
 

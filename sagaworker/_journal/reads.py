@@ -24,7 +24,7 @@ from .schema import entries, sagas
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-__all__ = ["Claiming", "JournalReads", "NewEntry"]
+__all__ = ["Claiming", "JournalReads", "NewEntry", "lookup_id"]
 
 _log = get_logger()
 
@@ -105,7 +105,7 @@ class JournalReads:
             return found, False
 
     def saga_row(self, saga_id: str) -> Any:
-        _lookup_id(saga_id)
+        lookup_id(saga_id)
         with self.reader.connect() as conn:
             return conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
 
@@ -149,7 +149,7 @@ class JournalReads:
         return (rows[0] if rows and rows[0].seq == seq else None), list(rows)
 
     def inspect(self, saga_id: str) -> SagaRecord:
-        _lookup_id(saga_id)
+        lookup_id(saga_id)
         with self.reader.connect() as conn:
             saga = conn.execute(select(sagas).where(sagas.c.saga_id == saga_id)).first()
             if saga is None:
@@ -240,7 +240,7 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i:i + size]
 
 
-def _lookup_id(saga_id: Any) -> None:
+def lookup_id(saga_id: Any) -> None:
     """A saga id looked up: BadInput naming it when no saga can have it (the database
     would answer a NUL or a lone surrogate with a raw error)."""
     if not isinstance(saga_id, str):

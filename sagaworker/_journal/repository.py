@@ -8,6 +8,7 @@ RUNNING -> COMPENSATING switch and the final status are serialized per saga.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -39,6 +40,7 @@ from . import pgfast as _pgfast
 from .app_tx import AppTx
 from .dialect import db_later, db_now, listens, read_only
 from .lifecycle import performs
+from .nonces import SagaNonces
 from .notify import Notifier, Wake
 from .raw_rows import opened, raw_select
 from .reads import JournalReads, NewEntry
@@ -61,7 +63,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-class Journal(JournalReads):
+class Journal(JournalReads, SagaNonces):
     """Repository over the sagaworker tables."""
 
     def __init__(self, engine: Engine) -> None:
@@ -71,6 +73,7 @@ class Journal(JournalReads):
         self.reader = read_only(engine)
         self._notifier: Notifier | None = None
         self._notifier_lock = threading.Lock()
+        self._nonces: dict[str, str | None] = {}  # (``SagaNonces``)
 
     def watch(self, saga_id: str, wake: Wake | None = None) -> AbstractContextManager[Wake]:
         """What a waiting call sleeps on (``poll``; ``aio``'s own): LISTEN/NOTIFY on PG."""
@@ -100,10 +103,12 @@ class Journal(JournalReads):
     # The moves read rows with their user data as stored: they decide on the clear
     # columns, so a value copied in with SQL (``crypto.SealedElsewhere``) never stops one.
 
-    @staticmethod
-    def lock_saga(conn: Connection, saga_id: str) -> Any:
-        return conn.execute(raw_select(sagas).where(sagas.c.saga_id == saga_id)
-                            .with_for_update()).first()
+    def lock_saga(self, conn: Connection, saga_id: str) -> Any:
+        row = conn.execute(raw_select(sagas).where(sagas.c.saga_id == saga_id)
+                           .with_for_update()).first()
+        if row is not None:
+            self.note_nonce(saga_id, row.place_nonce)
+        return row
 
     @staticmethod
     def entry(conn: Connection, saga_id: str, seq: int, *, opening: bool = False) -> Any:
@@ -146,14 +151,19 @@ class Journal(JournalReads):
         # every stamp is the database's clock (a deadline too: a producer whose clock is
         # behind would otherwise give its saga more time, or less)
         traced = {} if trace_context is None else {"trace_context": trace_context}
+        # sealed values are sealed for this saga's own nonce: a saga id used again after
+        # a prune seals for another one (and a clear value in this saga is refused)
+        nonce = secrets.token_hex(16) if self.keyed else None
+        at = (saga_id, nonce)
         try:
             (tx.run if tx else self.write)(lambda conn: conn.execute(insert(sagas).values(
-                saga_id=saga_id, status=SagaStatus.RUNNING.value,
-                metadata=Placed(meta, (saga_id,)),
+                saga_id=saga_id, status=SagaStatus.RUNNING.value, place_nonce=nonce,
+                metadata=Placed(meta, at),
                 created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
                 deadline_at=None if deadline is None else db_later(deadline),
-                flow=flow, flow_args=Placed(flow_args, (saga_id,)),
-                flow_kwargs=Placed(flow_kwargs, (saga_id,)), **traced)))
+                flow=flow, flow_args=Placed(flow_args, at),
+                flow_kwargs=Placed(flow_kwargs, at), **traced)))
+            self.note_nonce(saga_id, nonce)
         except IntegrityError as exc:
             raise SagaExists(
                 f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
@@ -175,8 +185,11 @@ class Journal(JournalReads):
         gated = any(e.gated for e in new)
         if (len(new) == 1 and new[0].call_id is None and tx is None
                 and not new[0].marker and _pgfast.enabled(self.engine)):
-            seq = self._intent_fast(saga_id, new[0], expect_seq, seen)
-            return [] if seq is None else [seq]
+            try:
+                seq = self._intent_fast(saga_id, new[0], expect_seq, seen)
+                return [] if seq is None else [seq]
+            except _NonceMoved:
+                pass  # (the saga's nonce as this process knew it is not the journal's)
 
         def body(conn: Connection) -> list[int]:
             values: dict[str, Any] = {"last_seq": sagas.c.last_seq + len(new),
@@ -192,7 +205,7 @@ class Journal(JournalReads):
                            sagas.c.status.in_(OPEN_VALUES),
                            sagas.c.fail_requested_at.is_(None), *guard)
                     .values(**values)
-                    .returning(sagas.c.last_seq))
+                    .returning(sagas.c.last_seq, sagas.c.place_nonce))
             row = conn.execute(bump).first()
             if row is None and expect_seq is not None:
                 return []
@@ -202,7 +215,7 @@ class Journal(JournalReads):
             first = int(row[0]) - len(new) + 1
             traced = any(e.trace_context is not None for e in new)
             conn.execute(insert(entries).values(created_at=db_now(), updated_at=db_now()),
-                         [_entry_values(saga_id, first + i, e, traced)
+                         [_entry_values(saga_id, first + i, e, traced, row[1])
                           for i, e in enumerate(new)])
             gates = [first + i for i, e in enumerate(new) if e.gated]
             if gates:
@@ -244,13 +257,16 @@ class Journal(JournalReads):
         (a PostgreSQL restart) costs a retry, not an error.
         """
         claim = None if e.claim is None else (e.claim.token, e.claim.worker, e.claim.lease)
+        # sealed for the saga's nonce, as this process knows it: the statement checks it
+        # still is (a saga id used again has another), else the locked path reads it
+        place = self.place(saga_id)
 
         def once() -> tuple[int, bool] | None:
             return _pgfast.intent(self.engine, saga_id=saga_id, tool=e.tool_name,
                                   args=e.args, kwargs=e.kwargs, digest=e.args_digest,
                                   queue=e.queue, task_id=e.task_id, gated=e.gated,
                                   nonce=e.approval_nonce, trace_context=e.trace_context,
-                                  expect=expect_seq, seen=seen, claim=claim)
+                                  expect=expect_seq, seen=seen, claim=claim, place=place)
 
         try:
             got = once()
@@ -263,6 +279,9 @@ class Journal(JournalReads):
             found = self._intent_landed(saga_id, e.task_id, exc)
             got = once() if found is None else (
                 found[0], claim is not None and found[1] == claim[0])
+        if got is None and place is not None:
+            self.forget_nonce(saga_id)
+            raise _NonceMoved  # (or the saga takes no step: the locked path says which)
         if got is None:
             if expect_seq is not None:  # the flow moved on (or is over): nothing journaled
                 return None
@@ -292,14 +311,21 @@ class Journal(JournalReads):
                 .values(advanced_at=db_now(), advanced_seen=seen, resends=0, resend_at=None))
 
 
-def _entry_values(saga_id: str, seq: Any, e: NewEntry, traced: bool) -> dict[str, Any]:
-    """An entry's row; its trace context only when the batch has one (else no column)."""
+class _NonceMoved(Exception):
+    """The one-statement INTENT missed: the saga's nonce may not be the one this process
+    knew (a saga id used again), so the locked path journals the step."""
+
+
+def _entry_values(saga_id: str, seq: Any, e: NewEntry, traced: bool,
+                  nonce: str | None) -> dict[str, Any]:
+    """An entry's row, its values sealed for its saga's ``nonce``; its trace context only
+    when the batch has one (else no column)."""
     values = {
         "saga_id": saga_id, "seq": seq, "tool_name": e.tool_name,
         "phase": (Phase.EXECUTED if e.marker else Phase.AWAITING_APPROVAL if e.gated
                   else Phase.INTENT).value,
-        "args": Placed(e.args, (saga_id, e.task_id)),
-        "kwargs": Placed(e.kwargs, (saga_id, e.task_id)), "args_digest": e.args_digest,
+        "args": Placed(e.args, (saga_id, e.task_id, nonce)),
+        "kwargs": Placed(e.kwargs, (saga_id, e.task_id, nonce)), "args_digest": e.args_digest,
         "queue": e.queue, "task_id": e.task_id, "attempts": 0,
         "in_doubt": False, "compensation_attempts": 0, "approval_nonce": e.approval_nonce,
         "call_id": e.call_id,

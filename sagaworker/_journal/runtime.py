@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from .._base.crypto import Cipher, attach, cipher_of
-from .._base.errors import ConfigurationError
+from .._base.errors import ConfigurationError, JournalUnavailable
 from .._base.registry import Registry
 from .._base.settings import Settings
 from .dialect import make_engine
 from .machine import Machine
-from .readiness import check_journal, check_keys, masked, unreachable
+from .readiness import check_journal, check_keys, unreachable
 from .repository import Journal
+from .urls import masked, scrubbed
 
 __all__ = ["Bus", "Runtime"]
 
@@ -32,7 +33,7 @@ class Bus(Protocol):
 
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None: ...
 
-    def send_advance(self, saga_id: str) -> None: ...
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None: ...
 
     def queue_of(self, tool: str, queue: str | None) -> str | None: ...
 
@@ -68,9 +69,10 @@ class Runtime:
                     try:
                         engine = make_engine(url)
                     except Exception as exc:  # not a URL, or no driver for it
-                        raise ConfigurationError(
+                        raise JournalUnavailable(
                             f"SAGAWORKER_DATABASE_URL {masked(url)} is not a database URL "
-                            f"SQLAlchemy can use ({type(exc).__name__}: {exc}); write it as "
+                            f"SQLAlchemy can use ({type(exc).__name__}: "
+                            f"{scrubbed(str(exc), url)}); write it as "
                             "postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from None
                     journal = Journal(engine)
                     sqlite = engine.dialect.name == "sqlite"

@@ -18,6 +18,7 @@ from .moves_base import (
     MoveBase,
     new_token,
 )
+from .reads import lookup_id
 from .repository import retrying
 from .schema import audit, entries
 
@@ -46,6 +47,7 @@ class SagaMoves(MoveBase):
 
     def abort(self, saga_id: str, *, reason: str, actor: str) -> SagaStatus:
         """An operator asks a saga to fail (gates close at once); refused once terminal."""
+        lookup_id(saga_id)  # a NUL or a lone surrogate: BadInput, not a raw database error
         return self._abort(saga_id, reason, actor, new_token())
 
     @retrying
@@ -127,8 +129,10 @@ class SagaMoves(MoveBase):
         from .._base.errors import SagaNotFound, SagaworkerError
 
         engine = self.j.engine
+        # (the result sealed for the saga's nonce, written only while it is the saga's)
         if expect_seq is not None and _pgfast.enabled(engine) and _pgfast.complete(
-                engine, saga_id=saga_id, result=result, expect=expect_seq):
+                engine, saga_id=saga_id, result=result, expect=expect_seq,
+                place=self.j.place(saga_id)):
             return
         with engine.begin() as conn:
             saga = self.j.lock_saga(conn, saga_id)
@@ -153,5 +157,6 @@ class SagaMoves(MoveBase):
                     f"saga {saga_id!r} cannot complete: steps not EXECUTED ({listed}); "
                     "wait for them (step.result()) or call saga.fail(reason)")
             self.j.touch(conn, saga_id, status=move("saga", "complete").target,
-                         finished_at=db_now(), result=Placed(result, (saga_id,)))
+                         finished_at=db_now(),
+                         result=Placed(result, (saga_id, saga.place_nonce)))
 

@@ -16,10 +16,11 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    select,
     text,
 )
 
-from .._base.crypto import SealedJSON
+from .._base.crypto import NONCE, SealedJSON, derive_place, keyed_only
 
 __all__ = ["audit", "entries", "facts", "metadata", "sagas"]
 
@@ -39,9 +40,10 @@ def _sealed(table: str, column: str, *, nullable: bool = True, container: bool =
 
 
 #: an entry's arguments are sealed for its saga and task id (its seq is given by the
-#: statement that journals them, after they are sealed), its result for its saga and seq
-_CALL = ("saga_id", "task_id")
-_STEP = ("saga_id", "seq")
+#: statement that journals them, after they are sealed), its result for its saga and seq;
+#: a saga's values, its entries' included, for its nonce too (``sagas.place_nonce``)
+_CALL = ("saga_id", "task_id", NONCE)
+_STEP = ("saga_id", "seq", NONCE)
 
 
 sagas = Table(
@@ -50,7 +52,13 @@ sagas = Table(
     Column("saga_id", String(200), primary_key=True),
     Column("status", String(32), nullable=False),
     Column("reason", Text),
-    _sealed("sagaworker_sagas", "metadata", nullable=False, container=True),
+    # this saga's own nonce, part of the place of each of its values (and its entries'):
+    # a saga id used again after a prune never reads the pruned saga's values. Set when
+    # the saga is journaled with SAGAWORKER_ENCRYPTION_KEYS (then every value of the saga
+    # is sealed, and a clear one is refused); NULL otherwise, or before this column
+    Column(NONCE, String(32)),
+    _sealed("sagaworker_sagas", "metadata", nullable=False, container=True,
+            place=("saga_id", NONCE)),
     Column("created_at", _ts, nullable=False),
     Column("updated_at", _ts, nullable=False),
     # next seq to hand out; bumped in the enqueue transaction
@@ -75,10 +83,10 @@ sagas = Table(
     # flows and deadlines
     Column("deadline_at", _ts),
     Column("flow", String(300)),
-    _sealed("sagaworker_sagas", "flow_args"),
-    _sealed("sagaworker_sagas", "flow_kwargs", container=True),
+    _sealed("sagaworker_sagas", "flow_args", place=("saga_id", NONCE)),
+    _sealed("sagaworker_sagas", "flow_kwargs", container=True, place=("saga_id", NONCE)),
     # a flow's journaled return value (SagaResult.value)
-    _sealed("sagaworker_sagas", "result"),
+    _sealed("sagaworker_sagas", "result", place=("saga_id", NONCE)),
     # the last time a worker advanced the flow (for people to read), and how many of the
     # flow's steps had an outcome in the journal that replay read: the sweeper re-sends
     # the advance while more steps have one (a count, never two hosts' clocks compared)
@@ -135,6 +143,9 @@ entries = Table(
     Column("attempt_token", String(32)),
     # re-runs of an idempotent step whose attempt died (capped by SAGAWORKER_MAX_RERUNS)
     Column("reruns", Integer, nullable=False, server_default="0"),
+    # releases of a claim stopped before its tool started (capped by SAGAWORKER_MAX_RERUNS;
+    # Celery's retries are not releases); NULL: none
+    Column("releases", Integer),
     # an attempt that raised waits for Celery's retry message, due at this time
     Column("retry_due_at", _ts),
     Column("celery_retries", Integer, nullable=False, server_default="0"),
@@ -168,6 +179,10 @@ entries = Table(
     Column("approved_by", String(200)),
     Column("approved_at", _ts),
     Column("approved_digest", String(64)),
+    # what only the approval secret makes: the approval's nonce and an HMAC over the
+    # saga, the step, its task id, tool, arguments and approver (``signer.prove``); the
+    # worker checks it before a gated tool runs (an approval written by SQL runs nothing)
+    Column("approval_proof", String(128)),
     Column("rejected_by", String(200)),
     Column("rejected_at", _ts),
     Column("rejection_reason", Text),
@@ -183,6 +198,15 @@ entries = Table(
     Index("ix_sagaworker_entries_in_doubt", "saga_id",
           postgresql_where=text("in_doubt IS true"), sqlite_where=text("in_doubt IS 1")),
 )
+
+#: an entry's saga's nonce, read beside its values by a process with keys (``keyed_only``:
+#: a process without keys reads NULL, at no cost). The saga's id under a name of its own:
+#: SQLite's RETURNING names columns without their table, and ``saga_id = saga_id`` would
+#: compare the saga's id with itself
+_saga = select(sagas.c.saga_id.label("place_saga"), sagas.c[NONCE]).subquery(
+    "sagaworker_place")
+derive_place(NONCE, lambda t: keyed_only(
+    select(_saga.c[NONCE]).where(_saga.c.place_saga == t.c.saga_id).scalar_subquery()))
 
 audit = Table(
     "sagaworker_audit",

@@ -44,7 +44,8 @@ class Redaction:
     #: redacted, the safe side)
     flow_lookup: Callable[[str], Signature | None] = lambda name: None
     #: the key of the fingerprints an approver sees of a gated step's redacted arguments
-    #: (the approval secret: every process that shows a gate holds it)
+    #: (derived from the approval secret: every process that shows a gate holds it); None:
+    #: a redacted value shows as ``[REDACTED]`` alone (a reader who is not an operator)
     fingerprint_key: bytes | None = None
 
     @classmethod
@@ -67,9 +68,15 @@ class Redaction:
             return sig.replace(parameters=list(sig.parameters.values())[1:])
 
         secret = sw.settings.approval_secret
-        key = (secret.get_secret_value().split(",")[0].strip().encode()
-               if secret is not None else None)
-        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup, key or None)
+        first = secret.get_secret_value().split(",")[0].strip() if secret is not None else ""
+        return cls(frozenset(sw.settings.redact_keys), lookup, flow_lookup,
+                   fingerprint_key(first) if first else None)
+
+    def unmarked(self) -> Redaction:
+        """This redaction without fingerprints: what a reader who is not an operator sees
+        (a mark shows a value's last characters, links the sagas that share it, and is an
+        HMAC to try guesses of the approval secret against)."""
+        return dataclasses.replace(self, fingerprint_key=None)
 
     @classmethod
     def current(cls) -> Redaction:
@@ -81,6 +88,7 @@ class Redaction:
                              self.keys)
 
     def entry(self, e: EntryRecord, values: list[str] | None = None) -> EntryRecord:
+        e = _displayed(e)
         if not self.keys:
             return e
         vals = self.values(e) if values is None else values
@@ -94,7 +102,10 @@ class Redaction:
 
     def record(self, rec: SagaRecord) -> SagaRecord:
         if not self.keys:
-            return rec
+            return dataclasses.replace(
+                rec, entries=[_displayed(e) for e in rec.entries],
+                report=dataclasses.replace(
+                    rec.report, in_doubt=[_displayed(e) for e in rec.report.in_doubt]))
         flow_args, flow_kwargs = rec.flow_args, rec.flow_kwargs
         flow_vals: list[str] = []
         if rec.flow is not None and (flow_args or flow_kwargs):
@@ -120,8 +131,9 @@ class Redaction:
         """A gate for its approver: each redacted value shown as its last characters and
         a keyed fingerprint (``[REDACTED …1111 #3fa8c2d1]``), so the approver can tell
         which card is meant and compare it with what the requester sees, never reading
-        the value (the fingerprint is an HMAC with the approval secret: it cannot be
-        looked up by trying every card number without the secret)."""
+        the value (the fingerprint is an HMAC with a key derived from the approval secret:
+        it cannot be looked up by trying every card number without the secret). Shown to
+        operators only (``unmarked`` for anyone else)."""
         if not self.keys:
             return a
         args, kwargs = redact_call(self.lookup(a.tool_name), a.args, a.kwargs, self.keys)
@@ -145,6 +157,13 @@ class Redaction:
         return o
 
 
+def fingerprint_key(secret: str) -> bytes:
+    """The key of the fingerprints, derived from the approval secret (an HMAC of a fixed
+    label): a fingerprint is never an HMAC made with the key that signs approvals."""
+    return hmac.new(secret.encode(), b"sagaworker redacted-value fingerprint",
+                    hashlib.sha256).digest()
+
+
 def fingerprint(value: Any, key: bytes) -> str:
     """``[REDACTED …1111 #3fa8c2d1]``: a redacted value as an approver sees it."""
     digest = hmac.new(key, b"redacted|" + canonical_args([value], {}).encode(),
@@ -165,6 +184,15 @@ def _marked(original: Any, shown: Any, key: bytes) -> Any:
             original):
         return [_marked(o, v, key) for o, v in zip(original, shown, strict=True)]
     return shown
+
+
+def _displayed(e: EntryRecord) -> EntryRecord:
+    """A model turn in its display form (the model, its tokens, the tools it asked for),
+    never its whole response: a response quotes the conversation and the arguments of
+    the calls the model asked for, kept as JSON strings (the OpenAI Agents SDK's), and a
+    refused call's are in no step to scrub them with. The journal keeps the response."""
+    turn = model_turn(e.tool_name, e.result)
+    return e if turn is None or turn is e.result else dataclasses.replace(e, result=turn)
 
 
 def _text(s: str | None, values: list[str]) -> str | None:

@@ -64,7 +64,24 @@ def _walk(value: Any, keys: frozenset[str], secret: bool, sink: list[str] | None
         if sink is not None and not isinstance(value, bool) and value is not None:
             sink.extend(_as_text(value))
         return REDACTED
+    if isinstance(value, str) and keys and value.lstrip().startswith(("{", "[")):
+        return _json_text(value, keys, sink)
     return value
+
+
+def _json_text(text: str, keys: frozenset[str], sink: list[str] | None) -> str:
+    """A string holding a JSON object or array, redacted as the value it holds: the
+    OpenAI Agents SDK and Pydantic AI keep a tool call's arguments as such a string, so a
+    redacted parameter of a call (one refused, that no step holds to scrub it with) would
+    show in clear. Written back as JSON when a key was redacted; otherwise as it is."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    if not isinstance(parsed, dict | list):
+        return text
+    shown = _walk(parsed, keys, False, sink)
+    return text if shown == parsed else json.dumps(shown, ensure_ascii=False)
 
 
 def _as_text(value: Any) -> list[str]:

@@ -31,7 +31,7 @@ from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
 from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 
-__all__ = ["POOL_SIZE", "Hub", "Offload", "hub_of", "offload", "wait_for"]
+__all__ = ["POOL_SIZE", "Hub", "Offload", "WaitEnded", "hub_of", "offload", "wait_for"]
 
 _T = TypeVar("_T")
 _log = get_logger()
@@ -212,10 +212,19 @@ async def wait_for(awaitable: Any, timeout: float | None, what: str) -> None:
         raise timed_out(what, timeout) from None
 
 
+class WaitEnded(TimeoutError):
+    """A wait's TimeoutError: ``what`` did not finish within ``timeout`` seconds."""
+
+    what: str = ""
+    timeout: float | None = None
+
+
 def timed_out(what: str, timeout: float | None) -> TimeoutError:
     """A wait's TimeoutError, saying what is true: the wait ended, the work did not."""
-    return TimeoutError(
+    exc = WaitEnded(
         f"{what} did not finish within {timeout} s. Only the wait ended: the saga goes on "
         "(a queued step still runs, a running one finishes, a gate still waits). Wait "
         "again (result()/wait()), or fail the saga to have its steps undone "
         "(saga.fail(reason), or `sagaworker abort SAGA_ID --reason ...`)")
+    exc.what, exc.timeout = what, timeout  # (attributes, not arguments: it pickles)
+    return exc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from sqlalchemy import or_
@@ -49,14 +49,15 @@ class Gate:
     def pending(self) -> list[ApprovalRequest]:
         """Open gates of sagas never asked to fail (a failing saga's gates are closed),
         nor past their deadline: closed at the read, not only once the sweeper has failed
-        the saga (``approve`` refuses them too)."""
+        the saga (``approve`` refuses them too); nor held on a divergence (README,
+        "Changing a flow")."""
         signer = self.checked_signer()
         with self.rt.journal.reader.connect() as conn:
             rows = conn.execute(raw_select(entries).join(
                 sagas, sagas.c.saga_id == entries.c.saga_id).where(
                 entries.c.phase == Phase.AWAITING_APPROVAL.value,
                 sagas.c.status.in_(OPEN_VALUES),
-                sagas.c.fail_requested_at.is_(None),
+                sagas.c.fail_requested_at.is_(None), sagas.c.divergence.is_(None),
                 or_(sagas.c.deadline_at.is_(None), sagas.c.deadline_at > db_now()))
                 .order_by(entries.c.approval_requested_at, entries.c.saga_id, entries.c.seq)
             ).all()
@@ -120,12 +121,14 @@ class Gate:
                     f"saga {saga_id!r} is {saga.status} and was asked to fail "
                     f"({saga.reason or 'no reason given'}); its gates are closed, nothing "
                     "changed")
+            if approve and saga.divergence is not None:
+                raise ApprovalInvalid(held_gate(saga_id))
 
         machine = self.rt.machine
         call = new_token()  # this decision's: its replay after a lost COMMIT knows it
         if approve:
             row = machine.approve(saga_id, seq, check=check, approver=approver, token=call,
-                                  reason=reason)
+                                  reason=reason, prove=_prover(signer, saga_id, seq, approver))
             if row is None:
                 self._overdue(saga_id, seq)
         else:
@@ -149,3 +152,20 @@ class Gate:
         raise ApprovalInvalid(
             f"saga {saga_id!r} passed its deadline before step {seq} was approved; nothing "
             "was approved and the saga is failing (reason: deadline passed)")
+
+
+def _prover(signer: Signer, saga_id: str, seq: int, approver: str) -> Callable[[Any], str]:
+    """The approval's proof for the gated entry, journaled with it: what only the secret
+    makes, which the worker checks before the gated tool runs (an approval written with
+    SQL runs nothing)."""
+    return lambda row: signer.prove(saga_id, seq, row.task_id, row.tool_name,
+                                    args_digest(row.args, row.kwargs), row.approval_nonce,
+                                    approver)
+
+
+def held_gate(saga_id: str) -> str:
+    """Why a gate of a saga held on a divergence is not approved."""
+    return (f"saga {saga_id!r} is held: its flow's code no longer replays its journal, so "
+            "nothing of it runs and its gates are closed. Deploy code that replays it (a "
+            f"rollback, or s.patched(...)), then `sagaworker flows resume {saga_id}`; or "
+            f"`sagaworker abort {saga_id} --reason R` to compensate. Nothing changed")

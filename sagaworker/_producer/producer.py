@@ -9,11 +9,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._base import digests
 from .._base.canonical import (
-    args_digest,
     canonical_args,
     check_arguments,
     check_size,
+    has_control,
     storable,
 )
 from .._base.errors import BadInput, SagaworkerError
@@ -59,11 +60,11 @@ class Producer:
                                        call_id=tool.call_id)
         if isinstance(tool, Unit):  # run by the replay that journals it: no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
-                            args_digest=args_digest([tool.name], {}), queue=None,
+                            args_digest=self.digest([tool.name], {}), queue=None,
                             task_id=str(uuid.uuid4()), gated=False)
         if isinstance(tool, PatchMarker):  # a flow's patch marker: no tool, no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
-                            args_digest=args_digest([], {}), queue=None,
+                            args_digest=self.digest([], {}), queue=None,
                             task_id=str(uuid.uuid4()), gated=False, marker=True)
         spec = self.resolve(tool)
         if ENVELOPE in kwargs:
@@ -82,9 +83,13 @@ class Producer:
         check_size(encoded, f"arguments of tool {spec.name!r}",
                    self.rt.settings.max_args_bytes)
         return NewEntry(tool_name=spec.name, args=list(args), kwargs=dict(kwargs),
-                        args_digest=args_digest(args, kwargs), queue=spec.queue,
+                        args_digest=self.digest(args, kwargs), queue=spec.queue,
                         task_id=str(uuid.uuid4()), gated=spec.gated,
                         approval_nonce=secrets.token_hex(16) if spec.gated else None)
+
+    def digest(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        """The args digest journaled with a step (keyed when values are sealed)."""
+        return digests.digest(self.rt.cipher, args, kwargs)
 
     def enqueue(self, saga_id: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]],
                 *, expect_seq: int | None = None, seen: int | None = None,
@@ -147,7 +152,7 @@ class Producer:
         if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
             raise BadInput(f"call id {call_id!r}: give a non-empty string of at most 200 "
                            "characters (the framework's tool-call id)")
-        if any(ch < " " or ch == "\x7f" for ch in call_id):
+        if has_control(call_id):
             raise BadInput(f"call id {call_id!r} holds a control character; nothing was "
                            "journaled")
         if not self.rt.registry.validated:
@@ -162,7 +167,8 @@ class Producer:
                 s.set("seq", found)
                 self._announce(saga_id, found, new)
                 return found, new.task_id, new.tool_name
-        if found.tool_name != new.tool_name or found.args_digest != new.args_digest:
+        if found.tool_name != new.tool_name or not digests.matches(
+                self.rt.cipher, found.args_digest, args, kwargs, clear_ok=True):
             raise BadInput(
                 f"call id {call_id!r} already journaled step {found.seq} of saga {saga_id!r} "
                 f"({found.tool_name}) with other arguments; one call id names one call: "

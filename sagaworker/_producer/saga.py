@@ -294,6 +294,8 @@ def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> Sag
     rt = saga.rt
     try:
         value = work(SyncSaga(saga, timeout))
+    except aio.WaitEnded as exc:  # the block's own wait ran out: the saga does not go on
+        return _fail_and_wait(saga, _ran_out(exc), timeout, exc)
     except Exception as exc:
         keys = rt.settings.redact_keys
         text = exception_text(exc, keys, saga_secrets(rt, saga.saga_id) if keys else ())
@@ -301,9 +303,11 @@ def run_sync(saga: Saga, work: Callable[[SyncSaga], Any], timeout: float) -> Sag
     try:
         _settle(rt, saga.saga_id, timeout)
         saga.complete()
+    except aio.WaitEnded as exc:
+        return _fail_and_wait(saga, _ran_out(exc), timeout, exc)
     except (SagaworkerError, TimeoutError) as exc:
         # A step FAILED: its own failure message is on its way; fail() again is a no-op
-        # then, and covers a refusal to complete or steps that did not settle in time.
+        # then, and covers a refusal to complete.
         return _fail_and_wait(saga, str(exc), timeout)
     rec = rt.journal.inspect(saga.saga_id)
     return SagaResult(saga_id=saga.saga_id, status=SagaStatus.COMPLETED, value=value,
@@ -322,9 +326,27 @@ def saga_secrets(rt: Runtime, saga_id: str) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
-def _fail_and_wait(saga: Saga, reason: str, timeout: float) -> SagaResult:
+def _ran_out(exc: aio.WaitEnded) -> str:
+    """The reason journaled for a saga failed because the block's wait ran out."""
+    return (f"TimeoutError: {exc.what} did not finish within {exc.timeout} s (sw.saga's "
+            "timeout): sw.saga failed the saga")
+
+
+def _fail_and_wait(saga: Saga, reason: str, timeout: float,
+                   ended: aio.WaitEnded | None = None) -> SagaResult:
+    """Fail the saga and wait for its compensation; a wait that runs out says the saga
+    was failed (it does not "go on", as a plain wait's timeout says)."""
     saga.fail(reason)
-    return saga.wait(timeout)
+    try:
+        return saga.wait(timeout)
+    except aio.WaitEnded:
+        why = (f"{ended.what} did not finish within {ended.timeout} s" if ended is not None
+               else f"the block ended with {reason}")
+        raise TimeoutError(
+            f"{why}, so sw.saga failed the saga: its steps are being undone, not carried on, "
+            f"and that did not finish within {timeout} s either. Wait for the outcome with "
+            f"sw.get({saga.saga_id!r}).wait() (or see `sagaworker show {saga.saga_id}`)"
+        ) from None
 
 
 def _settle(rt: Runtime, saga_id: str, timeout: float) -> None:

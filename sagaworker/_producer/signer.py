@@ -13,13 +13,15 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import time
+from collections import Counter
 from typing import Any
 
 from .._base.errors import ApprovalInvalid, ConfigurationError
-from .._base.settings import Settings
+from .._base.settings import MAKE_SECRET, Settings
 
-__all__ = ["Signer", "approval_fingerprint", "signer_for"]
+__all__ = ["Signer", "approval_fingerprint", "signer_for", "weak_secret"]
 
 _UNSET = ("approvals need a secret: set SAGAWORKER_APPROVAL_SECRET (the same value on "
           "producers, workers and wherever approvals are decided)")
@@ -74,6 +76,24 @@ class Signer:
         return _b64(hmac.new(key or self._keys()[0], b"args|" + digest.encode(),
                              hashlib.sha256).digest())
 
+    def prove(self, saga_id: str, seq: int, task_id: str | None, tool: str, digest: str,
+              nonce: str, approver: str) -> str:
+        """What the journal keeps of an approval (``approval_proof``): its nonce and an
+        HMAC, under a key derived from the signing secret, over the step (saga, seq, task
+        id, tool), its arguments' digest and the approver. Only the secret makes one: the
+        worker checks it (``proven``) before a gated tool runs."""
+        mac = _proof(self._keys()[0], saga_id, seq, task_id, tool, digest, nonce, approver)
+        return f"{nonce}.{mac}"
+
+    def proven(self, proof: str | None, saga_id: str, seq: int, task_id: str | None,
+               tool: str, digest: str, approver: str) -> bool:
+        """Whether ``proof`` approves that step, with the arguments of that digest, by
+        ``approver``, made with one of the secrets."""
+        nonce, _, mac = (proof or "").partition(".")
+        return bool(nonce and mac) and any(hmac.compare_digest(mac.encode(), _proof(
+            k, saga_id, seq, task_id, tool, digest, nonce, approver).encode())
+            for k in self._keys())
+
     def sign(self, saga_id: str, seq: int, tool: str, digest: str, nonce: str) -> str:
         body = {"s": saga_id, "q": seq, "t": tool, "d": self.bind(digest), "n": nonce,
                 "e": int(time.time() + self.ttl)}
@@ -92,7 +112,8 @@ class Signer:
             if not isinstance(saga_id, str) or not isinstance(seq, int):
                 raise ValueError("bad body")
             signed = _unb64(mac)
-        except (ValueError, KeyError, TypeError) as exc:
+        # RecursionError: a forged payload of JSON nested deeper than the parser goes
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ApprovalInvalid(
                 "approval token is not valid (forged or damaged); nothing changed. Get a "
                 "fresh token from sw.pending_approvals() or `sagaworker approvals`") from exc
@@ -111,9 +132,41 @@ class Signer:
         return {**body, "key": key}
 
 
+def _proof(secret: bytes, *fields: Any) -> str:
+    key = hmac.new(secret, b"sagaworker approval proof key", hashlib.sha256).digest()
+    body = json.dumps(list(fields), separators=(",", ":"), ensure_ascii=True).encode()
+    return _b64(hmac.new(key, body, hashlib.sha256).digest())
+
+
 def signer_for(settings: Settings) -> Signer:
     """The settings' signer; it refuses to sign or verify with a secret too short."""
     secret = settings.approval_secret
     return Signer(secret.get_secret_value() if secret is not None else None,
                   settings.approval_ttl,
                   problem=settings.approval_secret_problem if secret is not None else None)
+
+
+#: a secret whose characters carry fewer bits than this is said to look guessable
+MIN_SECRET_BITS = 128
+
+
+def entropy_bits(secret: str) -> float:
+    """The secret's length times the Shannon entropy of its characters: a repeated word,
+    a run of one character, score low; a random secret of 32 bytes or more scores well
+    over 128 (``secrets.token_urlsafe(32)``: about 200)."""
+    n = len(secret)
+    counts = Counter(secret).values()
+    return -sum(c * math.log2(c / n) for c in counts) if n else 0.0
+
+
+def weak_secret(settings: Settings) -> str | None:
+    """A warning when an approval secret looks guessable (it signs approvals, and keys
+    what the fingerprints an operator reads are derived from), or None. Never the secret."""
+    secret = settings.approval_secret
+    for part in split_secrets(secret.get_secret_value() if secret is not None else None):
+        bits = entropy_bits(part)
+        if bits < MIN_SECRET_BITS:
+            return (f"SAGAWORKER_APPROVAL_SECRET looks guessable: its characters carry about "
+                    f"{bits:.0f} bits of entropy, under {MIN_SECRET_BITS}; replace it with a "
+                    f"random one, the same value everywhere. {MAKE_SECRET}")
+    return None

@@ -27,6 +27,9 @@ from .._observe import tracing
 from .._observe.logging import get_logger
 from .resends import MAX_BACKOFF, Resends
 
+#: an agent's model request's entry (``_base.units``: unit:<agent>__model.request...)
+_MODEL_REQUESTS = "unit:%\\_\\_model.%"
+
 __all__ = ["Sweeper"]
 
 log = get_logger()
@@ -63,7 +66,8 @@ class Sweeper:
         counts = _each_stage({
             "deadlines": self._deadlines, "failures": self._failures,
             "chains": self._chains, "relayed": self._relay, "retries": self._retries,
-            "in_doubt": self._in_doubt, "flows": self._flows, "diverged": self._diverged,
+            "in_doubt": self._in_doubt, "requests": self.requests, "flows": self._flows,
+            "diverged": self._diverged,
             "idle": self._idle})
         if any(counts.values()):
             log.info("sweep", **counts)
@@ -205,7 +209,8 @@ class Sweeper:
 
     def _open_saga(self) -> Any:
         return entries.c.saga_id.in_(select(sagas.c.saga_id).where(
-            sagas.c.status.in_(_OPEN), sagas.c.fail_requested_at.is_(None)))
+            sagas.c.status.in_(_OPEN), sagas.c.fail_requested_at.is_(None),
+            sagas.c.divergence.is_(None)))  # (held: refused, sent again once released)
 
     def _relay(self) -> int:
         """The outbox relay: INTENT journaled but never started (publish lost or refused).
@@ -215,14 +220,20 @@ class Sweeper:
         copy is one more message and one more claim to refuse), so rows of a queue the
         broker says holds messages are left until it drains, or for an hour at most.
         """
-        lost = and_(
-            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
-            func.coalesce(entries.c.published_at, entries.c.created_at)
-            < self.resends.ago(self.rt.settings.relay_after))
-        unstarted = and_(lost, self._open_saga())
+        since = func.coalesce(entries.c.published_at, entries.c.created_at)
+        lost = and_(entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_(None),
+                    since < self.resends.ago(self.rt.settings.relay_after))
+        found = self._unqueued(and_(lost, self._open_saga()), since, "relay_deferred")
+        # the take re-checks the row, not the saga (a subquery per row), as _take does
+        return self._resend(self.resends.claim(entries, ["saga_id", "seq"], found, lost),
+                            "step_relayed")
+
+    def _unqueued(self, where: Any, since: Any, event: str) -> list[Any]:
+        """Rows matching ``where`` due for a resend, but none of a queue the broker says
+        holds messages (the step's message may be waiting there: a copy would multiply the
+        backlog) unless ``since`` is an hour old; ``event`` logged for the queues held."""
         keys = ["saga_id", "seq"]
-        old = func.coalesce(entries.c.published_at, entries.c.created_at) < self.resends.ago(
-            MAX_BACKOFF)
+        old = since < self.resends.ago(MAX_BACKOFF)
         held: list[Any] = []
         routes: dict[tuple[str, str | None], str | None] = {}  # (tool, queue) -> broker queue
         depth: dict[str, int] = {}  # broker queue -> messages ready, asked once a pass
@@ -230,9 +241,9 @@ class Sweeper:
         # taken again (the next rows may be of other queues), until every queue the
         # batch holds has been asked: one round in the usual case, a few at most
         for _ in range(_ASK_ROUNDS):
-            found = self.resends.due(entries, keys, and_(unstarted, *held))
-            busy = self._busy({(r.tool_name, r.queue) for r in found} - routes.keys(),
-                              routes, depth)
+            found = self.resends.due(entries, keys, and_(where, *held))
+            busy = _busy(self.rt.bus, {(r.tool_name, r.queue) for r in found} - routes.keys(),
+                         routes, depth, event)
             if not busy:
                 break
             # NOT DISTINCT FROM: a NULL queue compared with "=" would make the condition
@@ -241,47 +252,41 @@ class Sweeper:
                                     entries.c.queue.is_not_distinct_from(q)))
                      for t, q in busy]
         else:  # rounds used up: rows of queues not asked about wait for the next pass
-            found = [r for r in self.resends.due(entries, keys, and_(unstarted, *held))
+            found = [r for r in self.resends.due(entries, keys, and_(where, *held))
                      if (r.tool_name, r.queue) in routes]
-        # the take re-checks the row, not the saga (a subquery per row), as _take does
-        return self._resend(self.resends.claim(entries, keys, found, lost), "step_relayed")
-
-    def _busy(self, pairs: set[tuple[str, str | None]],
-              routes: dict[tuple[str, str | None], str | None],
-              depth: dict[str, int]) -> list[tuple[str, str | None]]:
-        """Of ``pairs`` (tool, queue), those whose broker queue has messages waiting; the
-        broker is asked only about queues this pass has not asked about yet."""
-        bus = self.rt.bus
-        for p in pairs:
-            routes[p] = bus.queue_of(*p)
-        ask = {q for p in pairs if (q := routes[p]) is not None} - depth.keys()
-        if ask:  # a queue the broker cannot tell about counts as empty
-            depth.update(dict.fromkeys(ask, 0) | bus.ready(ask))
-        busy = sorted((p for p in pairs if depth.get(routes[p] or "", 0) > 0), key=str)
-        if busy:
-            log.info("relay_deferred", queues=sorted({str(routes[p]) for p in busy}),
-                     detail="their queues hold messages: the steps may be waiting there")
-        return busy
+        return found
 
     def _retries(self) -> int:
         """Attempts that raised whose Celery retry message never came (lost with a worker
-        that held it, a purged queue): sent again with their retry count."""
-        waiting = and_(
-            entries.c.phase == Phase.INTENT.value, entries.c.started_at.is_not(None),
-            entries.c.lease_until.is_(None),
-            func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
-            < self.resends.ago(self.rt.settings.relay_after))
+        that held it, a purged queue): sent again with their retry count. Not while the
+        step's queue holds messages, as the relay: the retry may be waiting there, or in a
+        busy worker, its ETA past (a copy would run the step once more per resend: each
+        copy's run asked for a retry of its own)."""
+        since = func.coalesce(entries.c.retry_due_at, entries.c.updated_at)
+        waiting = and_(entries.c.phase == Phase.INTENT.value,
+                       entries.c.started_at.is_not(None), entries.c.lease_until.is_(None),
+                       since < self.resends.ago(self.rt.settings.relay_after))
+        found = self._unqueued(and_(waiting, self._open_saga()), since, "retry_deferred")
         # the take re-checks the row, not the saga (a subquery per row)
-        rows = self.resends.entries(and_(waiting, self._open_saga()), waiting)
-        return self._resend(rows, "step_retry_resent")
+        return self._resend(self.resends.claim(entries, ["saga_id", "seq"], found, waiting),
+                            "step_retry_resent")
 
-    def _in_doubt(self) -> int:
+    def _in_doubt(self, requests: bool = False) -> int:
         """Started attempts whose lease lapsed with no outcome: delivered again, the claim
-        decides (re-run an idempotent tool, or journal it in doubt)."""
+        decides (re-run an idempotent tool, or journal it in doubt). ``requests``: agents'
+        model requests instead, which are never in doubt: their flows are advanced again
+        and they are re-sent (``requests``, also on a timer of its own)."""
+        asked = entries.c.tool_name.like(_MODEL_REQUESTS, escape="\\")
         rows = self.resends.entries(and_(entries.c.phase == Phase.INTENT.value,
                                   entries.c.lease_until.is_not(None),
-                                  entries.c.lease_until < db_now()))
+                                  entries.c.lease_until < db_now(),
+                                  asked if requests else ~asked))
         return self._resend(rows, None)
+
+    def requests(self) -> int:
+        """Agents' model requests whose worker stopped beating (SAGAWORKER_UNIT_LEASE):
+        a worker runs this every lease, so a killed worker's run goes on in seconds."""
+        return self._in_doubt(requests=True)
 
     def _resend(self, rows: list[Any], event: str | None) -> int:
         publish: Callable[..., bool] = self.rt.bus.publish_step
@@ -298,6 +303,24 @@ class Sweeper:
                 publish(r.saga_id, r.seq, r.tool_name, list(r.args), dict(r.kwargs),
                         r.task_id, r.queue, retries=r.celery_retries)
         return len(rows)
+
+
+def _busy(bus: Any, pairs: set[tuple[str, str | None]],
+          routes: dict[tuple[str, str | None], str | None], depth: dict[str, int],
+          event: str) -> list[tuple[str, str | None]]:
+    """Of ``pairs`` (tool, queue), those whose broker queue has messages waiting; the
+    broker is asked only about queues this pass has not asked about yet (``routes`` and
+    ``depth`` hold what it knows); ``event`` is logged with the busy queues."""
+    for p in pairs:
+        routes[p] = bus.queue_of(*p)
+    ask = {q for p in pairs if (q := routes[p]) is not None} - depth.keys()
+    if ask:  # a queue the broker cannot tell about counts as empty
+        depth.update(dict.fromkeys(ask, 0) | bus.ready(ask))
+    busy = sorted((p for p in pairs if depth.get(routes[p] or "", 0) > 0), key=str)
+    if busy:
+        log.info(event, queues=sorted({str(routes[p]) for p in busy}),
+                 detail="their queues hold messages: the steps may be waiting there")
+    return busy
 
 
 def _each_stage(stages: dict[str, Callable[[], int]]) -> dict[str, int]:

@@ -25,6 +25,11 @@ def not_run(rt: Runtime, claim: Claim, saga_id: str, seq: int, tool: str) -> boo
         log.error("step_in_doubt", attempts=claim.row.attempts)
         after_outcome(rt, saga_id, claim.saga_status, f"step {seq} ({tool}) in doubt")
         return False
+    if claim.start is Start.HELD:
+        log.warning("step_held", detail="its saga is held on a divergence: nothing of it "
+                    "runs; the step is sent again once the flow moves on (`sagaworker flows "
+                    "resume`), or cancelled by `sagaworker abort`")
+        return False
     if claim.start is not Start.RUN:
         log.info(f"step_{claim.start.value}", phase=claim.row.phase if claim.row else None)
         if claim.start is Start.CANCELLED and claim.saga_status is SagaStatus.COMPENSATING:

@@ -153,7 +153,7 @@ class Eager:
                 return False
             except Exception as exc:  # the journal holds where it stopped: recovery takes it
                 if claimed is not None and not entered:  # claimed, its tool never called
-                    self.x.failures.unstarted(saga_id, seq, claimed[0], exc, 1)
+                    self.x.failures.unstarted(saga_id, seq, claimed[0], exc)
                 log.error("eager_step_interrupted", error=brief(exc),
                           detail="the relay or the sweeper sends the step from the journal")
                 return False

@@ -13,7 +13,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from .._base.awaiting import settle
-from .._base.canonical import not_json
+from .._base.canonical import unheld_result
 from .._base.errors import BadInput
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, SagaStatus
@@ -155,18 +155,21 @@ class Executor:
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One delivery: claim the step, run the tool, journal its outcome; then carry
         its flow on (the next step may run here: ``Eager``)."""
-        if self.run_step(spec, saga_id, seq, task.request.id, args, kwargs):
+        if self.run_step(spec, saga_id, seq, task.request.id, args, kwargs,
+                         retries=int(task.request.retries or 0)):
             self.eager.carry(saga_id, carrier=task)
         return None
 
     def run_step(self, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
                  args: Sequence[Any], kwargs: dict[str, Any], *, eager: bool = False,
-                 claimed: tuple[str, Claim] | None = None) -> bool:
+                 claimed: tuple[str, Claim] | None = None,
+                 retries: int | None = None) -> bool:
         """Claim, run, journal the outcome: True when the step is EXECUTED in a flow that
         the caller is to advance. What the tool raises goes on to Celery (its retries,
         then FAILED in ``on_failure``); run ``eager``ly (no Celery request), it makes the
         step FAILED here: eager steps are only tools without Celery retries. ``claimed``:
-        (token, claim) of a claim taken already (with the eager step's INTENT)."""
+        (token, claim) of a claim taken already (with the eager step's INTENT);
+        ``retries``: the Celery retry count of the message delivered."""
         started = time.time_ns()
         if claimed is not None:
             token, claim = claimed
@@ -174,8 +177,11 @@ class Executor:
             token = new_token()
             claim = self.rt.machine.claim_start(saga_id, seq, spec.name, token=token,
                                                 worker=worker_label(),
-                                                idempotent=spec.idempotent, task_id=task_id)
+                                                idempotent=spec.idempotent, task_id=task_id,
+                                                retries=retries)
         if not self._runs(claim, spec, saga_id, seq):
+            if claim.start is Start.NOT_DUE and retries is not None:
+                self.when_due(claim, spec, saga_id, seq, task_id, args, kwargs, retries)
             return False
         calling = False  # from the tool's call on, its claim is never released here
         try:
@@ -184,8 +190,7 @@ class Executor:
             span = tracing.step_span(spec.name, saga_id, seq, claim.attempt,
                                      claim.row.trace_context, started)
         except Exception as exc:
-            self.failures.unstarted(saga_id, seq, token, exc, claim.attempt,
-                                    None if eager else task_id)
+            self.failures.unstarted(saga_id, seq, token, exc, None if eager else task_id)
             raise
         advance = False
         try:
@@ -205,8 +210,7 @@ class Executor:
                                                     claim.attempt, value, duration_ms, span)
         except Exception as exc:
             if not calling:
-                self.failures.unstarted(saga_id, seq, token, exc, claim.attempt,
-                                    None if eager else task_id)
+                self.failures.unstarted(saga_id, seq, token, exc, None if eager else task_id)
             if self._raised(exc, span, spec, task_id, args, kwargs, eager=eager):
                 raise
             return False
@@ -249,6 +253,15 @@ class Executor:
             raise Reject(msg, requeue=False)
         return not_run(self.rt, claim, saga_id, seq, spec.name)
 
+    def when_due(self, claim: Claim, spec: ToolSpec, saga_id: str, seq: int, task_id: str,
+                 args: Sequence[Any], kwargs: dict[str, Any], retries: int) -> None:
+        """A Celery retry delivered before its journaled due time (its ETA set on a host
+        whose clock runs ahead of this one's or the database's) is not run early, nor
+        dropped: sent again, with its count, for the time left on the database's clock."""
+        self.rt.bus.publish_step(saga_id, seq, spec.name, list(args), dict(kwargs), task_id,
+                                 claim.row.queue, retries=retries,
+                                 countdown=max(float(claim.row.due_in), 0.001))
+
     def _attempt(self, task_id: str, spec: ToolSpec, saga_id: str, seq: int, token: str,
                  args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
         """Run the tool under its lease (kept fresh by the heartbeat): its value and
@@ -276,10 +289,10 @@ class Executor:
                          span: tracing.Spanned) -> bool:
         """Journal the attempt's outcome; True when its flow is to be advanced."""
         rt = self.rt
-        # The effect happened: a result that cannot be journaled still makes the step
-        # EXECUTED (so its undo runs), with the error saying why its result is missing.
-        bad = not_json(value)
-        error = None if bad is None else f"result is not JSON: {bad}"
+        # The effect happened: a result that cannot be journaled (not JSON, or over
+        # SAGAWORKER_MAX_RESULT_BYTES) still makes the step EXECUTED (so its undo runs),
+        # with the error saying why its result is missing.
+        error = unheld_result(value, rt.settings.max_result_bytes)
         reason = f"step {seq} ({spec.name}) failed: {error}"
         outcome = rt.machine.executed(saga_id, seq, token, None if error else value,
                                       duration_ms, error=error, fail_reason=reason,

@@ -60,25 +60,30 @@ class Failures:
             self.rt.bus.send_compensate(saga_id)
 
     def unstarted(self, saga_id: str, seq: int, token: str, exc: BaseException,
-                  attempt: int, task_id: str | None = None) -> None:
+                  task_id: str | None = None) -> None:
         """The attempt stopped with its step claimed and its tool not called yet (an error
         of its own setup: tracing, the process, the journal): nothing ran, so the claim is
         released, never left to lapse into doubt while its worker lives, and the sweeper
         sends the step again (once twice ``relay_after`` has passed). Not past
-        ``SAGAWORKER_MAX_RERUNS`` re-sends: a setup that always fails would cycle for
-        ever, so that attempt's claim is left to lapse, and the step goes in doubt (paged)
-        as a lost worker's does; so does a journal that cannot be written now."""
+        ``SAGAWORKER_MAX_RERUNS`` such releases of the step (counted in the journal; its
+        Celery retries are not releases): a setup that always fails would cycle for ever,
+        so that attempt's claim is left to lapse, and the step goes in doubt (paged) as a
+        lost worker's does; so does a journal that cannot be written now."""
         detail = (f"the attempt stopped before its tool started ({type(exc).__name__}); "
                   "the step is sent again")
-        if attempt > self.rt.settings.max_reruns:
-            log.error("claim_not_released", error=type(exc).__name__, attempts=attempt,
-                      detail=f"the attempt stopped before its tool started {attempt} times: "
-                      "its claim is left to lapse (the step goes in doubt)")
-            return
         try:
-            status = self.rt.machine.release(saga_id, seq, token, detail)
+            released, status = self.rt.machine.release_unstarted(saga_id, seq, token, detail)
         except Exception as failed:
             log.warning("claim_not_released", error=type(failed).__name__, detail=detail)
+            return
+        if released == "bound":
+            n = self.rt.settings.max_reruns
+            log.error("claim_not_released", error=type(exc).__name__, releases=n,
+                      detail=f"the step's claims stopped before its tool started {n + 1} "
+                      "times (SAGAWORKER_MAX_RERUNS): this one is left to lapse (the step "
+                      "goes in doubt)")
+            return
+        if released == "fenced":  # another attempt holds the step now: nothing of ours
             return
         log.warning("step_released", detail=detail)
         if task_id is not None:  # (a delivery: Celery may retry it, ``autoretry_for``)

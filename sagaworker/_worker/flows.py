@@ -23,6 +23,7 @@ from .._base.canonical import (
     canonical_args,
     check_json,
     check_size,
+    oversize,
 )
 from .._base.errors import (
     BadInput,
@@ -254,7 +255,10 @@ class Flows:
             return None
         value = run.value
         try:
-            check_json(value, f"the return value of flow {spec.name!r}")
+            what = f"the return value of flow {spec.name!r}"
+            too_large = oversize(check_json(value, what), self.rt.settings.max_result_bytes)
+            if too_large is not None:  # every reader would be served it
+                raise BadInput(f"{what} is {too_large}; nothing was journaled")
         except BadInput as exc:
             self._fail(saga_id, str(exc))
             return None

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from .._base import digests
 from .._base.awaiting import settle
-from .._base.canonical import args_digest
 from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
-from .._base.units import Unit
+from .._base.units import MODEL_REQUEST, Unit, unit_kind
 from .._journal.runtime import Runtime
 from .._producer.producer import Producer
 from .shown import describe, show_call
@@ -102,11 +102,10 @@ class FlowContext:
         self._cursor += 1
         if pos < len(self._journal):
             row = self._journal[pos]
-            try:
-                digest = args_digest(list(args), kwargs)
-            except (TypeError, ValueError):
-                digest = "(not JSON)"
-            if row.tool_name != spec.name or row.args_digest != digest:
+            # (the journal's digest is keyed when its values are sealed: the same key's)
+            if row.tool_name != spec.name or not digests.matches(
+                    self._producer.rt.cipher, row.args_digest, list(args), kwargs,
+                    clear_ok=True):
                 shown = show_call(self._producer.rt, spec.name, list(args), kwargs)
                 asked = f"{spec.name}{shown}"
                 raise self._diverged(row, asked, f"asked for {asked}")
@@ -188,12 +187,16 @@ class FlowContext:
         return out
 
     async def unit(self, name: str, body: Callable[[], Awaitable[Any]], *,
-                   idempotent: bool = True) -> Any:
+                   idempotent: bool = True, tries: int | None = None) -> Any:
         """The journaled result of durable unit ``name`` at this position: ``body`` runs
         here, once, in the replay that first reaches it (``_base.units``). ``idempotent``:
         a body whose worker was lost mid-run may run again (a model request); else that
-        attempt is in doubt (section 6), as a tool's."""
+        attempt is in doubt (section 6), as a tool's. ``tries``: a model request's tries
+        in all when it fails for a passing reason (None: SAGAWORKER_MODEL_RETRIES for a
+        model request, one for anything else)."""
         op = Unit(name)
+        if tries is None and unit_kind(op.tool_name) == MODEL_REQUEST:
+            tries = self._producer.rt.settings.model_retries
         pos = self._cursor
         self._cursor += 1
         if pos < len(self._journal):
@@ -209,10 +212,11 @@ class FlowContext:
                 raise _Suspend()
             # its claim lapsed, or never was: taken over (the row, as this replay sees it)
             row = self._journal[pos] = SimpleNamespace(**dict(row._mapping))
-            return await self._units.run(row, op, body, None, idempotent)
+            return await self._units.run(row, op, body, None, idempotent, tries)
         if not self.live:
             raise _Suspend()
-        return await self._units.run(self._journal_unit(op), op, body, "claimed", idempotent)
+        return await self._units.run(self._journal_unit(op), op, body, "claimed", idempotent,
+                                     tries)
 
     def _journal_unit(self, op: Unit) -> Any:
         """Journal what this replay asked for so far, then the unit, held for this worker."""

@@ -74,8 +74,8 @@ def _load(payload: dict[str, Any]) -> ModelResponse:
 class _JournaledModel(Model):
     """A model whose requests, inside a flow, are durable units of its saga."""
 
-    def __init__(self, inner: Model, name: str) -> None:
-        self.inner, self.name = inner, name
+    def __init__(self, inner: Model, name: str, tries: int | None = None) -> None:
+        self.inner, self.name, self.tries = inner, name, tries
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         ctx = current_flow.get()
@@ -86,7 +86,7 @@ class _JournaledModel(Model):
             return _dump(await self.inner.get_response(*args, **kwargs),
                          _model_name(self.inner))
 
-        payload = await ctx.unit(f"{self.name}__model.request", body)
+        payload = await ctx.unit(f"{self.name}__model.request", body, tries=self.tries)
         return _load(payload)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:
@@ -100,17 +100,20 @@ class _JournaledModel(Model):
 class _Provider(ModelProvider):
     inner: ModelProvider
     agent: str
+    tries: int | None = None
 
     def get_model(self, model_name: str | None) -> Model:
-        return _JournaledModel(self.inner.get_model(model_name), self.agent)
+        return _JournaledModel(self.inner.get_model(model_name), self.agent, self.tries)
 
 
 async def run(agent: Agent[Any], input: Any, *, idempotent_tools: Iterable[str] = (),
-              **kwargs: Any) -> Any:
+              model_retries: int | None = None, **kwargs: Any) -> Any:
     """``Runner.run(agent, input, **kwargs)``; inside a flow, each model request and each
     call of a function tool is a journaled step of the flow's saga, sent (or run) once
     across every replay and worker. A function tool in flight when its worker is lost is
-    in doubt (section 6) unless its name is in ``idempotent_tools`` (run again)."""
+    in doubt (section 6) unless its name is in ``idempotent_tools`` (run again). A model
+    request that fails for a passing reason (a rate limit, a 5xx, a timeout) is tried
+    ``model_retries`` times in all (None: SAGAWORKER_MODEL_RETRIES) before the run fails."""
     ctx = current_flow.get()
     if ctx is None:
         return await Runner.run(agent, input, **kwargs)
@@ -120,18 +123,24 @@ async def run(agent: Agent[Any], input: Any, *, idempotent_tools: Iterable[str] 
     if isinstance(idempotent_tools, str):
         raise ConfigurationError("idempotent_tools takes tool names: pass a set, e.g. "
                                  f"{{{idempotent_tools!r}}}")
+    if model_retries is not None and (not isinstance(model_retries, int)
+                                      or model_retries < 1):
+        raise ConfigurationError(f"model_retries={model_retries!r}: give the tries in all, "
+                                 "at least 1 (1: never retried)")
     config: RunConfig = kwargs.pop("run_config", None) or RunConfig()
     name = agent.name or "agent"
     model = config.model
     config = dataclasses.replace(
-        config, model_provider=_Provider(config.model_provider or MultiProvider(), name),
-        model=_JournaledModel(model, name) if isinstance(model, Model) else model)
-    agent = _durable(agent, frozenset(idempotent_tools), {})
+        config, model_provider=_Provider(config.model_provider or MultiProvider(), name,
+                                         model_retries),
+        model=_JournaledModel(model, name, model_retries) if isinstance(model, Model)
+        else model)
+    agent = _durable(agent, frozenset(idempotent_tools), {}, model_retries)
     return await Runner.run(agent, input, run_config=config, **kwargs)
 
 
 def _durable(agent: Agent[Any], idempotent: frozenset[str],
-             done: dict[int, Agent[Any]]) -> Agent[Any]:
+             done: dict[int, Agent[Any]], tries: int | None = None) -> Agent[Any]:
     """A copy of ``agent`` (and of the agents it hands off to) whose model requests and
     plain function tools are durable units; ``flow_tools`` keep being saga steps."""
     if id(agent) in done:
@@ -142,8 +151,8 @@ def _durable(agent: Agent[Any], idempotent: frozenset[str],
         if isinstance(t, FunctionTool) and not getattr(t, _STEP, False) else t
         for t in agent.tools])
     if isinstance(agent.model, Model):
-        copy.model = _JournaledModel(agent.model, name)
-    copy.handoffs = [_durable(h, idempotent, done) if isinstance(h, Agent) else h
+        copy.model = _JournaledModel(agent.model, name, tries)
+    copy.handoffs = [_durable(h, idempotent, done, tries) if isinstance(h, Agent) else h
                      for h in agent.handoffs]
     return copy
 

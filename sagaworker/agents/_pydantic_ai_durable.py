@@ -63,8 +63,12 @@ def _flow(what: str) -> FlowContext:
 
 class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
     """Each operation, inside a flow, is one durable unit of the flow's saga: a model
-    request may be sent again when its worker was lost mid-request, a function tool's call
-    runs again only if declared idempotent (else it is in doubt)."""
+    request may be sent again when its worker was lost mid-request, and is tried again
+    (``model_retries`` tries in all) when it fails for a passing reason; a function tool's
+    call runs again only if declared idempotent (else it is in doubt)."""
+
+    #: a model request's tries in all (None: SAGAWORKER_MODEL_RETRIES)
+    model_retries: int | None = None
 
     async def execute(self, *, operation_id: DurableOperationId, name: str,
                       body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
@@ -72,9 +76,9 @@ class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
         ctx = current_flow.get()
         if ctx is None:
             return await body()
-        idempotent = (not isinstance(operation_id, ToolsetCallToolId)
-                      or bool(config.get("idempotent")))
-        return await ctx.unit(name, body, idempotent=idempotent)
+        if isinstance(operation_id, ToolsetCallToolId):  # a function tool's call
+            return await ctx.unit(name, body, idempotent=bool(config.get("idempotent")))
+        return await ctx.unit(name, body, tries=self.model_retries)  # a model request
 
 
 def _idempotence(names: frozenset[str]) -> Callable[[DurableOperationId, object | None, str],
@@ -112,12 +116,20 @@ class Durability(BaseDurabilityCapability[Any]):
 
     def __init__(self, sw: Any, *, name: str | None = None,
                  models: Mapping[str, Model] | None = None,
-                 idempotent_tools: Iterable[str] = ()) -> None:
+                 idempotent_tools: Iterable[str] = (),
+                 model_retries: int | None = None) -> None:
         """``idempotent_tools``: the names of the agent's function tools that may run again
         when their worker is lost mid-call (a lookup); any other such call is in doubt, as
-        a non-idempotent step's (a tool's metadata ``{"idempotent": True}`` says so too)."""
+        a non-idempotent step's (a tool's metadata ``{"idempotent": True}`` says so too).
+        ``model_retries``: a model request's tries in all when it fails for a passing
+        reason (a rate limit, a 5xx, a timeout); None: SAGAWORKER_MODEL_RETRIES."""
         super().__init__(models=models, name=name)
         self.sw = sw
+        if model_retries is not None and (not isinstance(model_retries, int)
+                                          or model_retries < 1):
+            raise ConfigurationError(f"model_retries={model_retries!r}: give the tries in "
+                                     "all, at least 1 (1: never retried)")
+        self.model_retries = model_retries
         if isinstance(idempotent_tools, str):
             raise ConfigurationError("idempotent_tools takes tool names: pass a set, e.g. "
                                      f"{{{idempotent_tools!r}}}")
@@ -135,10 +147,12 @@ class Durability(BaseDurabilityCapability[Any]):
         return conversation_id_from_run_id(run_id) if self.in_durable_context else None
 
     def get_durable_operation_backend(self) -> _Backend:
-        return _Backend(agent_name=self.name, default_model_id=self.default_model_id,
-                        config=RoleBasedOperationConfig(
-                            model={}, event={}, capability={}, tool={},
-                            resolve_tool=_idempotence(self.idempotent_tools)))
+        backend = _Backend(agent_name=self.name, default_model_id=self.default_model_id,
+                           config=RoleBasedOperationConfig(
+                               model={}, event={}, capability={}, tool={},
+                               resolve_tool=_idempotence(self.idempotent_tools)))
+        backend.model_retries = self.model_retries
+        return backend
 
 
 def flow_toolset(tools: Iterable[Any]) -> FlowToolset:

@@ -127,6 +127,7 @@ def run_agent_demo(*, keep: bool = False) -> int:
         console.rule("3. a trip whose card is declined: the hotel is cancelled")
         bad = _declined(sw, agent)
         done = [ok, gated, bad]
-        _closing(folder, keep, ", ".join(f"{r.saga_id} {r.status.value}" for r in done))
+        _closing(folder, keep, ", ".join(f"{r.saga_id} {r.status.value}" for r in done),
+                 "sagaworker demo --agent")
         return 0 if [r.status.value for r in done] == ["COMPLETED", "COMPLETED",
                                                          "COMPENSATED"] else 1

@@ -15,12 +15,13 @@ from .._observe.records import Redaction
 from .._observe.visible import visible
 from .context import OWN_LOGGING, Ctx, Group, app_name, log_lines, pass_ctx, use_database
 from .flows import flows
+from .mcp_command import mcp
 from .render import approval_line, console, redacted, render_saga, render_sagas, saga_json, to_json
 
 __all__ = ["main"]
 
 
-@click.group(cls=Group)
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-A", "--app", "app", default=None, help="module holding the Celery app and "
               "the Sagaworker (default: $SAGAWORKER_APP; required)")
 @click.option("--database-url", default=None, help="journal database to use instead of the "
@@ -216,9 +217,8 @@ def db() -> None:
 @pass_ctx
 def upgrade(c: Ctx, database_url: str | None) -> None:
     """Apply the schema migrations (Alembic) to the app's journal database."""
-    from sqlalchemy.engine import make_url
-
     from .._journal.migrate import upgrade as run
+    from .._journal.urls import masked
 
     url = database_url or c.database_url
     try:
@@ -233,7 +233,7 @@ def upgrade(c: Ctx, database_url: str | None) -> None:
     else:
         url = url or sw.settings.database_url
         sw.create_schema(url)  # the journal, then the app's own tables (sw.on_upgrade)
-    click.echo(f"journal schema is up to date in {make_url(url).render_as_string()}")
+    click.echo(f"journal schema is up to date in {masked(url)}")
 
 
 @db.command("rotate-key")
@@ -317,6 +317,7 @@ def web(c: Ctx, host: str, port: int) -> None:
 
 
 main.add_command(flows)
+main.add_command(mcp)
 
 if __name__ == "__main__":
     main()

@@ -48,11 +48,20 @@ def load(app_module: str | None) -> Any:
             "name the "
             "module holding your Celery app and its Sagaworker with -A MODULE or "
             "SAGAWORKER_APP, or pass --database-url for `db upgrade`") from exc
-    for value in vars(mod).values():
-        if isinstance(value, Sagaworker):
-            return value
-    raise click.UsageError(f"module {name!r} holds no Sagaworker instance; pass -A MODULE "
-                           "or set SAGAWORKER_APP to the module that creates it")
+    sw = next((v for v in vars(mod).values() if isinstance(v, Sagaworker)), None)
+    if sw is None:
+        raise click.UsageError(f"module {name!r} holds no Sagaworker instance; pass -A "
+                               "MODULE or set SAGAWORKER_APP to the module that creates it")
+    try:
+        # what a worker imports too (the app's `include=` and `imports`, autodiscovered
+        # tasks): the flows and tools declared there, whose parameters redaction needs
+        sw.app.loader.import_default_modules()
+    except Exception as exc:
+        raise click.UsageError(
+            f"cannot load a module the Celery app of {name!r} names in include= or "
+            f"imports ({type(exc).__name__}: {one_line(exc)}); a worker would fail on it "
+            "too: fix it or remove it from the app's configuration") from exc
+    return sw
 
 
 def use_database(sw: Any, database_url: str) -> None:

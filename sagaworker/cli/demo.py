@@ -132,9 +132,10 @@ def _not_here() -> int:
     return 2
 
 
-def _closing(folder: Path, keep: bool, outcome: str) -> None:
+def _closing(folder: Path, keep: bool, outcome: str, command: str = "sagaworker demo") -> None:
+    """The last line: the outcome, and where the log is (or the command that keeps it)."""
     where = (f"worker log: {folder / 'worker.log'}" if keep else
-             "run `sagaworker demo --keep` to keep the journal and the worker log")
+             f"run `{command} --keep` to keep the journal and the worker log")
     console.print(f"\nresults: {outcome}; {where}", markup=False)
 
 

@@ -43,6 +43,7 @@ from .._base.errors import ConfigurationError
 from .._base.settings import Settings
 from .._core.sagaworker import Sagaworker
 from .._journal.app_tx import ON_COMMIT, same_database
+from .._journal.urls import masked
 from .._producer.saga import Saga, Step
 
 try:
@@ -211,8 +212,8 @@ def _connection(journal: Engine, using: str, alone: str) -> Iterator[Connection]
     if not same_database(journal.url, url):
         raise ConfigurationError(
             f"{call}(): the Django database {using!r} is "
-            f"{url.render_as_string(hide_password=True)}, the journal is on "
-            f"{journal.url.render_as_string(hide_password=True)}: a saga shares Django's "
+            f"{masked(url)}, the journal is on "
+            f"{masked(journal.url)}: a saga shares Django's "
             "transaction only in the journal's database. Build the Sagaworker with "
             f"settings=settings_from_django({using!r}) (the journal in the Django database; "
             f"`sagaworker db upgrade` creates its tables), or call {alone}() for a saga that "

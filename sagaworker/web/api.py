@@ -14,7 +14,9 @@ from werkzeug.routing import PathConverter
 
 from sagaworker import (
     ApprovalInvalid,
+    BadInput,
     ConfigurationError,
+    Phase,
     Redaction,
     SagaNotFound,
     SagaStatus,
@@ -22,14 +24,16 @@ from sagaworker import (
     SagaworkerError,
     SealedElsewhere,
 )
+from sagaworker._base.errors import JournalUnavailable
 from sagaworker._journal.raw_rows import UnreadableSaga
+from sagaworker._producer.approvals import held_gate
 
 from .auth import READ_ONLY, Identity, Unauthorized, WebAuth
 from .queries import idle_sagas
 from .serialize import approval_json, saga_json, unreadable_json
 
-__all__ = ["SagaIdConverter", "ValidationFailed", "auth", "bp", "error", "json_body",
-           "operator", "sw_of"]
+__all__ = ["SagaIdConverter", "ValidationFailed", "auth", "bp", "configuration", "error",
+           "json_body", "operator", "sw_of"]
 
 bp = Blueprint("api", __name__)
 
@@ -78,6 +82,14 @@ def operator() -> Identity | None:
 
 def error(status: int, message: str, **extra: Any) -> Reply:
     return jsonify({"error": message, **extra}), status
+
+
+def configuration(exc: ConfigurationError) -> Reply:
+    """503 naming what is misconfigured here; a journal that cannot be reached is raised
+    on: logged, and answered only "journal unavailable" (create_app), never its URL."""
+    if isinstance(exc, JournalUnavailable):
+        raise exc
+    return error(503, str(exc))
 
 
 #: the deepest JSON body accepted: every body the API takes is an object of plain values
@@ -152,7 +164,7 @@ def get_saga(saga_id: str) -> Reply:
     except SealedElsewhere as exc:  # a value copied in with SQL: not shown, said why
         return error(409, str(exc))
     except ConfigurationError as exc:  # no key here opens it
-        return error(503, str(exc))
+        return configuration(exc)
     return jsonify(saga_json(rec, Redaction.of(sw))), 200
 
 
@@ -162,14 +174,15 @@ def list_approvals() -> Reply:
     try:
         pending = sw.pending_approvals()
     except ConfigurationError as exc:
-        return error(503, str(exc))
+        return configuration(exc)
     red = Redaction.of(sw)
     try:
         who = auth().identify(request)
     except Unauthorized as exc:
         return _unauthorized(str(exc))
-    out = [approval_json(a, red) for a in pending]
-    if who is None:  # a token is a capability: only operators get them
+    # a token is a capability, a fingerprint an operator's aid: only operators get them
+    out = [approval_json(a, red if who is not None else red.unmarked()) for a in pending]
+    if who is None:
         for a in out:
             a["token"] = None
     return jsonify({"approvals": out}), 200
@@ -184,8 +197,8 @@ def _unauthorized(message: str) -> Reply:
 
 def _how_to_authenticate() -> str:
     ways = []
-    if auth().uses_tokens:
-        ways.append("send Authorization: Bearer <operator token>")
+    if auth().takes_tokens:
+        ways.append(f"send Authorization: Bearer <{auth().token_kinds} token>")
     if auth().trusted_header:
         ways.append(f"sign in through the proxy that sets {auth().trusted_header}")
     return " or ".join(ways)
@@ -203,24 +216,15 @@ def operator_only(view: Callable[..., Reply]) -> Callable[..., Reply]:
         except Unauthorized as exc:
             return _unauthorized(str(exc))
         if who is None:
+            viewer = auth().reader(request)  # (a viewer's token; a cookie never decides)
+            if viewer is not None and viewer.via == "viewer token":
+                return error(403, f"{viewer.name}'s token is a viewer's: it reads the journal "
+                                  "and decides nothing; an operator decides "
+                                  "(SAGAWORKER_WEB_TOKENS)")
             return _unauthorized("this endpoint needs an authenticated operator")
         g.operator = who
         return view(*args, **kwargs)
     return wrapper
-
-
-@bp.get("/auth")
-def whoami() -> Reply:
-    """How this app authenticates operators, and who the request's operator is (401 for
-    wrong credentials): the dashboard checks a token with it."""
-    a = auth()
-    try:
-        who = a.identify(request)
-    except Unauthorized as exc:
-        return _unauthorized(str(exc))
-    return jsonify({"read_only": not a.configured, "methods": a.methods,
-                    "operator": None if who is None else who.name,
-                    "via": None if who is None else who.via}), 200
 
 
 _APPROVER = ("is not accepted: the approver is the authenticated operator (the bearer "
@@ -285,6 +289,8 @@ def _token_for(step: tuple[str, int]) -> str | Reply:
     entry = next((e for e in rec.entries if e.seq == seq), None)
     if entry is None:
         return error(404, f"saga {saga_id!r} has no step {seq}")
+    if rec.diverged is not None and entry.phase is Phase.AWAITING_APPROVAL:
+        return error(409, held_gate(saga_id))  # held on a divergence: not offered
     return error(409, f"saga {saga_id!r} step {seq} is {entry.phase.value}, saga "
                        f"{rec.status.value}: not waiting for approval (already decided, "
                        "cancelled or its saga is failing); nothing changed")
@@ -292,7 +298,7 @@ def _token_for(step: tuple[str, int]) -> str | Reply:
 
 def _gateerror(exc: Exception) -> Reply:
     if isinstance(exc, ConfigurationError):
-        return error(503, str(exc))
+        return configuration(exc)
     # a decided or cancelled gate is a conflict with the journal; a bad token is a bad request
     conflict = "already decided" in str(exc)
     return error(409 if conflict else 400, str(exc))
@@ -357,6 +363,8 @@ def retry_compensation(saga_id: str) -> Reply:
         seqs = sw_of().retry_compensation(saga_id, actor=who.name)
     except SagaNotFound as exc:
         return error(404, str(exc))
+    except JournalUnavailable:  # logged; the client is told only that (create_app)
+        raise
     except SagaworkerError as exc:
         return error(409, str(exc))
     if not seqs:
@@ -379,6 +387,10 @@ def abort(saga_id: str) -> Reply:
         sw_of().abort(saga_id, reason=reason, actor=who.name)
     except SagaNotFound as exc:
         return error(404, str(exc))
+    except BadInput:  # an id no saga can have (a NUL, a lone surrogate): the app's 400
+        raise
+    except JournalUnavailable:  # logged; the client is told only that (create_app)
+        raise
     except SagaworkerError as exc:
         return error(409, str(exc))
     return jsonify(out), 202

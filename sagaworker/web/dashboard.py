@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, g, render_template, request
 from markupsafe import Markup
 
 from sagaworker import (
@@ -23,6 +23,7 @@ from sagaworker import (
     SagaStatus,
     SealedElsewhere,
 )
+from sagaworker._base.errors import JournalUnavailable
 from sagaworker._base.units import model_turn, step_label, turn_line
 from sagaworker._observe.records import waiting_step
 from sagaworker._observe.visible import visible
@@ -61,19 +62,23 @@ class TimelineUndo:
 class Ops:
     """What the page offers operators: ``enabled`` False is the read-only app (no buttons,
     a banner); ``operator`` is known when the proxy's header came with the page request,
-    otherwise the script signs in with a bearer token kept in ``sessionStorage``."""
+    otherwise the script signs in with a bearer token kept in ``sessionStorage``.
+    ``viewers``: viewer tokens sign in too (to read); ``reader``: who reads this page."""
 
     enabled: bool
     tokens: bool
     header: str | None
     operator: Identity | None
+    viewers: bool = False
+    reader: Identity | None = None
 
 
 @bp.app_context_processor
 def _ops() -> dict[str, Any]:
     a = auth()
     return {"ops": Ops(a.configured, a.uses_tokens, a.trusted_header,
-                       operator() if a.configured else None),
+                       operator() if a.configured else None, a.uses_viewer_tokens,
+                       g.get("reader")),
             # the app the dashboard serves, by its Celery name (``Celery("shop")``)
             "app_name": str(sw_of().app.main or "sagaworker")}
 
@@ -109,7 +114,12 @@ def index() -> str:
     counts = {s: sum(1 for r in recent if r.status.value == s) for s in STATUSES}
     approvals: list[Any] | None
     try:
-        approvals = [red.approval(a) for a in sw.pending_approvals()]
+        # fingerprints of redacted values are for operators only (their sign-in too)
+        who = g.get("reader")
+        marks = red if who is not None and who.role == "operator" else red.unmarked()
+        approvals = [marks.approval(a) for a in sw.pending_approvals()]
+    except JournalUnavailable:  # logged; the page says only that (create_app)
+        raise
     except ConfigurationError:
         approvals = None  # no approval secret configured here
     idle = [red.record(r) for r in idle_sagas(sw)]
@@ -129,6 +139,8 @@ def saga_page(saga_id: str) -> str:
         abort(404, f"no saga {saga_id!r} in the journal")
     except SealedElsewhere as exc:  # a value copied in with SQL: not shown, said why
         abort(409, str(exc))
+    except JournalUnavailable:  # logged; the page says only that (create_app)
+        raise
     except ConfigurationError as exc:  # no key here opens it (as the API's 503)
         abort(503, str(exc))
     by_seq = {e.seq: e for e in rec.entries}

@@ -60,7 +60,20 @@ def _expanded(args: dict[str, Any]) -> dict[str, Any]:
     return {k: "x" * 300_000 if v == "@300kB" else v for k, v in args.items()}
 
 
+def _failure(prompt: Any, key: str, turn: int) -> tuple[int, float | None] | None:
+    """The provider's failure this send of ``turn`` meets, if the prompt scripts one:
+    ``errors`` maps a turn to the (status, Retry-After) of its first sends, in order."""
+    scripted = json.loads(prompt).get("errors") or {}
+    failures = scripted.get(str(turn), [])
+    sent = sum(1 for r in rows(_url[0], key) if (r.kind, r.tool) == ("model", f"turn-{turn}"))
+    if sent > len(failures):  # (this send is in the ledger already)
+        return None
+    status, after = failures[sent - 1]
+    return int(status), after
+
+
 def _pai_model(messages: list[Any], info: Any) -> Any:
+    from pydantic_ai.exceptions import ModelHTTPError
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
     prompt = str(messages[0].parts[-1].content)
@@ -68,6 +81,11 @@ def _pai_model(messages: list[Any], info: Any) -> Any:
     answer = json.loads(prompt).get("answer")
     turn = sum(isinstance(m, ModelResponse) for m in messages)
     record(key, "model", f"turn-{turn}")
+    failure = _failure(prompt, key, turn)
+    if failure is not None:  # the provider's own error, as Pydantic AI raises it
+        status, after = failure
+        raise ModelHTTPError(status, "scripted", body={"error": f"scripted {status}"},
+                             headers={"retry-after": str(after)} if after else None)
     if turn < len(plan):  # a call may name its own tool-call id (a model reusing one)
         return ModelResponse(parts=[ToolCallPart(call[0], _expanded(call[1]),
                                                  tool_call_id=call[2] if len(call) > 2
@@ -94,7 +112,9 @@ def _pai_agent(kind: str) -> Any:
 
         sw, tools = AGENTS["tools"]
         durability = (sw_agents.Durability(sw, idempotent_tools={"send_mail"})
-                      if kind == "idempotent" else sw_agents.Durability(sw))
+                      if kind == "idempotent" else
+                      sw_agents.Durability(sw, model_retries=2) if kind == "two_tries"
+                      else sw_agents.Durability(sw))
         AGENTS[name] = Agent(FunctionModel(_pai_model), name=name,
                              output_type=dict[str, int] if kind == "counts" else str,
                              capabilities=[durability], tools=[send_mail, explode],
@@ -103,11 +123,12 @@ def _pai_agent(kind: str) -> Any:
 
 
 async def mail_run(s: FlowContext, key: str, plan: list[Any], kind: str = "plain",
-                   answer: str | None = None) -> str:
-    """A Pydantic AI agent run (``kind``: "idempotent" declares send_mail idempotent;
-    ``answer``: the model's last answer)."""
+                   answer: str | None = None, errors: dict[str, Any] | None = None) -> str:
+    """A Pydantic AI agent run (``kind``: "idempotent" declares send_mail idempotent,
+    "two_tries" gives model requests two tries; ``answer``: the model's last answer;
+    ``errors``: the provider's failures, by turn: ``_failure``)."""
     result = await _pai_agent(kind).run(json.dumps({"key": key, "plan": plan,
-                                                    "answer": answer}))
+                                                    "answer": answer, "errors": errors}))
     return str(result.output)
 
 
@@ -143,6 +164,9 @@ def _oai_agent() -> Any:
                            and i.get("type") == "function_call"
                            and str(i.get("call_id", "")).endswith("-0"))
                 record(key, "model", f"turn-{turn}")
+                failure = _failure(str(first), key, turn)
+                if failure is not None:  # the OpenAI SDK's own error for the status
+                    raise _openai_error(*failure)
                 if turn < len(plan):
                     out: list[Any] = [ResponseFunctionToolCall(
                         id=f"fc-{turn}-{n}", call_id=f"call-{turn}-{n}", type="function_call",
@@ -167,12 +191,26 @@ def _oai_agent() -> Any:
     return AGENTS["mailer_oai"]
 
 
-async def mail_run_oai(s: FlowContext, key: str, plan: list[Any]) -> str:
+async def mail_run_oai(s: FlowContext, key: str, plan: list[Any],
+                       errors: dict[str, Any] | None = None) -> str:
     """The same run with the OpenAI Agents SDK (``sagaworker.agents.openai_agents.run``)."""
     from sagaworker.agents import openai_agents as sw_oai
 
-    result = await sw_oai.run(_oai_agent(), json.dumps({"key": key, "plan": plan}))
+    result = await sw_oai.run(_oai_agent(), json.dumps({"key": key, "plan": plan,
+                                                        "errors": errors}))
     return str(result.final_output)
+
+
+def _openai_error(status: int, after: float | None) -> Exception:
+    import httpx
+    import openai
+
+    cls = {429: openai.RateLimitError, 400: openai.BadRequestError}.get(
+        status, openai.InternalServerError)
+    response = httpx.Response(status, request=httpx.Request("POST", "https://x/v1/responses"),
+                              headers={"retry-after": str(after)} if after else None)
+    err: Exception = cls(f"scripted {status}", response=response, body=None)
+    return err
 
 
 FLOWS = (mail_run, counted_run, mail_run_oai)

@@ -242,6 +242,8 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     record(key, "model", f"turn-{turn}")
     if slow == "slow" and turn == 0 and not before:
         time.sleep(30)
+    if slow == "stall" and turn == 0 and not before:
+        time.sleep(12)  # its worker is stopped (SIGSTOP) meanwhile, for longer
     if slow == "linger" and turn == 0:
         time.sleep(9)  # over two leases of the crash cluster: the heartbeat keeps its claim
     plan = _trip_plan(key, card, voucher)
@@ -266,9 +268,10 @@ def _trip_agent() -> Any:
 
 
 async def durable_trip(s: FlowContext, key: str, card: str = "visa", voucher: bool = False,
-                       slow: bool = False, linger: bool = False, quote: bool = False) -> str:
+                       slow: bool = False, linger: bool = False, quote: bool = False,
+                       stall: bool = False) -> str:
     """The trip agent run inside a flow (Pydantic AI with sagaworker's Durability)."""
-    pace = "slow" if slow else "linger" if linger else "-"
+    pace = "slow" if slow else "linger" if linger else "stall" if stall else "-"
     first = "voucher" if voucher else "quote" if quote else "-"
     result = await _trip_agent().run(f"{key}|{card}|{first}|{pace}")
     return str(result.output)
@@ -422,6 +425,34 @@ def retried_later_flow(s: FlowContext, key: str, asks: int, countdown: float) ->
             s.call("tests.apps.cluster.step", key, "c")]
 
 
+# -- a tool's own retry delayed by a busy worker (tests/integration/test_retries.py) ------
+
+def retry_tools(sw: Sagaworker) -> None:
+    """The tools of the test of a retry delayed past its due time (registered by ``build``)."""
+
+    @sw.tool(compensable_by="undo_step", max_retries=2)
+    def retries_every_time(key: str, name: str, countdown: float) -> str:
+        """Asks Celery for a retry in ``countdown`` seconds on every try
+        (``current_task.retry(countdown=...)``): Celery allows it three tries, then it
+        fails."""
+        from celery import current_task
+
+        record(key, "try", name, retries=current_task.request.retries)
+        current_task.retry(exc=Boom(f"{name} asks again"), countdown=countdown)
+        return name
+
+    @sw.tool()
+    def holds_a_process(key: str, name: str, timeout: float) -> str:
+        """Keeps its worker process busy: records its start ("try"), then waits until the
+        test records "go" for ``key`` and ``name`` (``timeout`` seconds at most)."""
+        record(key, "try", name)
+        deadline = time.monotonic() + timeout
+        while not count(key, "go", name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record(key, "effect", name)
+        return name
+
+
 FLOWS = (logs_its_card, three_steps, fan_out, gated_flow, catches_failure, load_flow,
          pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
@@ -453,6 +484,13 @@ def _end_with_the_test_run() -> None:
 if os.environ.get("TESTS_PARENT_PID") and os.environ.get("TESTS_APP_WORKER") == "1" \
         and os.getpgid(0) == os.getpid():
     _end_with_the_test_run()
+
+if os.environ.get("TESTS_KEYS_EVERY"):
+    # how often the worker re-reads which keys seal the journal (test_encryption.py: its
+    # default, 30 s, is too long to wait for in a test)
+    from sagaworker._core import celery_worker as _celery_worker
+
+    _celery_worker.KEYS_EVERY = float(os.environ["TESTS_KEYS_EVERY"])
 
 
 # agent runs with plain function tools (it imports this module's ledger: imported here, once
@@ -858,6 +896,7 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
     for flow in FLOWS:
         sw.flow()(flow)
     sw.flow(on_divergence="compensate")(strict_steps)
+    retry_tools(sw)
     for flow in agent_runs.FLOWS:
         sw.flow()(flow)
     return app, sw

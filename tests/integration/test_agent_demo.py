@@ -19,6 +19,34 @@ def test_make_agent_demo_runs_the_agent_demo() -> None:
     assert recipe is not None and recipe.group(1) == "$(BIN)/sagaworker demo --agent"
 
 
+def test_the_quick_start_names_make_agent_demo() -> None:
+    """The README's quick start names both demos: `make demo` and `make agent-demo`."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"^make agent-demo +# ", quick, re.M), quick
+
+
+#: what an agent framework costs a process that imports it (1 to 4 s each)
+FRAMEWORKS = ("pydantic_ai", "agents", "langchain", "langchain_core", "langgraph",
+              "sagaworker.agents.pydantic_ai", "sagaworker.agents.openai_agents",
+              "sagaworker.agents.langchain")
+
+
+def test_the_readmes_durable_agent_is_built_on_first_use() -> None:
+    """The README's durable agent run imports its framework where the agent is built, on
+    first use, not at the module's import: every `sagaworker` command, the web app and a
+    producer import the app module and never run the agent."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Durable agent runs", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    top = [node for node in ast.parse(code).body if isinstance(node, ast.Import | ast.ImportFrom)]
+    imported = {a.name if isinstance(n, ast.Import) else f"{n.module}.{a.name}"
+                for n in top for a in n.names}
+    assert sorted(m for m in imported if m.startswith(FRAMEWORKS)) == []
+
+
 def test_agent_demo_resumes_a_killed_run_waits_at_a_gate_and_compensates() -> None:
     """Offline, no server: a trip whose worker is SIGKILLed during the model's first turn
     is finished by a new worker from the journal (only that turn sent twice); a trip waits
@@ -50,3 +78,6 @@ def test_agent_demo_resumes_a_killed_run_waits_at_a_gate_and_compensates() -> No
     last = out.splitlines()[-1]
     assert "trip-2001 COMPLETED, trip-2003 COMPLETED, trip-2002 COMPENSATED" in last
     assert "sagaworker-demo-" not in last
+    # the hint names the command that keeps this demo's folder
+    assert last.endswith("; run `sagaworker demo --agent --keep` to keep the journal and the "
+                         "worker log")

@@ -108,6 +108,7 @@ def _kill_in_mail(c: Cluster, key: str) -> int:
     return pid
 
 
+@pytest.mark.one_broker
 def test_a_function_tool_killed_mid_body_is_in_doubt_not_run_again(
         crash_cluster: Cluster) -> None:
     """SIGKILL of the process running a plain function tool: it may have mailed, so it is

@@ -76,3 +76,17 @@ def test_deliveries_queued_on_the_saga_lock_claim_once(pg_sw: Sagaworker, lapsed
     # the order the threads got the lock in is the database's: count, not order
     assert sorted(r.value for r in results) == ["busy", "busy", "busy", "run"]
     assert pg_sw.journal.entry_row(saga_id, 1).attempts == (2 if lapsed else 1)
+
+
+def test_the_one_statement_claim_refuses_a_retry_out_of_turn_as_the_locked_one(
+        pg_sw: Sagaworker) -> None:
+    """On PostgreSQL (its one-statement claim, ``_pgfast``): a copy of an earlier Celery
+    retry never runs the step, a dead attempt's step is not re-run by one, and a retry
+    delivered before it is due is refused with the time left, as on SQLite
+    (tests/unit/test_retry_claims.py)."""
+    from tests.unit import test_retry_claims as turns
+
+    charge, quote = turns.tools(pg_sw)
+    turns.copies_of_earlier_retries_never_run(pg_sw, charge)
+    turns.a_dead_attempts_step_is_not_rerun_by_an_earlier_retrys_copy(pg_sw, quote)
+    turns.a_retry_delivered_early_waits_for_its_due_time(pg_sw, charge)

@@ -51,7 +51,7 @@ class Bus:
     def send_compensate(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.sent.append(("compensate", saga_id))
 
-    def send_advance(self, saga_id: str) -> None:
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.sent.append(("advance", saga_id))
 
     def queue_of(self, tool: str, queue: str | None) -> str | None:

@@ -314,12 +314,15 @@ def test_undecodable_messages_are_dead_lettered_and_logged(crash_cluster: Cluste
 def test_a_saga_failed_message_with_a_bad_saga_id_is_dead_lettered(
         crash_cluster: Cluster) -> None:
     """``sagaworker.saga_failed`` (and the chain's and the advance's messages) carrying a
-    saga id that is not one (an int, a NUL) is refused with an error line and
-    dead-lettered on RabbitMQ, not acked and lost; the worker serves on."""
+    saga id that is not one (an int, a NUL), no arguments at all or more than it takes is
+    refused with an error line and dead-lettered on RabbitMQ, not acked and lost; the
+    worker serves on."""
     c = crash_cluster
     probe = uid("probe")
     bad = [("sagaworker.saga_failed", [123, "x"]), ("sagaworker.compensate", [None]),
-           ("sagaworker.advance", ["a\x00b"]), ("sagaworker.saga_failed", ["ok-id", 7])]
+           ("sagaworker.advance", ["a\x00b"]), ("sagaworker.saga_failed", ["ok-id", 7]),
+           ("sagaworker.saga_failed", []), ("sagaworker.compensate", []),
+           ("sagaworker.advance", ["ok-id", "extra"])]
     sent = {c.app.send_task(name, args=args, queue=c.settings.queue,
                             headers={"probe": probe}).id for name, args in bad}
     wait_for(lambda: sum(1 for e in c.events() if e["event"] == "bad_message"

@@ -18,6 +18,7 @@ from tests.conftest import Cluster, uid, wait_for
 
 pytest.importorskip("pydantic_ai")
 create_app = pytest.importorskip("sagaworker.web").create_app
+WebAuth = pytest.importorskip("sagaworker.web").WebAuth
 pytestmark = pytest.mark.services
 T = 60
 UNIT = "unit:trip__model.request"
@@ -83,7 +84,8 @@ def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> Non
         ("model request", "model request")]
     assert turns_shown[0]["model"] == "function:trip_model:"
     assert turns_shown[0]["input_tokens"] > 0 and turns_shown[0]["output_tokens"] > 0
-    page = create_app(c.sw).test_client().get(f"/ui/sagas/{key}").get_data(as_text=True)
+    page = create_app(c.sw, auth=WebAuth(anonymous_reads=True)).test_client().get(
+        f"/ui/sagas/{key}").get_data(as_text=True)
     assert "asks book_hotel" in page
     assert page.count('<span class="name" title="unit:trip__model.request">model request'
                       '</span>') == 3

@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 
 from sagaworker import ConfigurationError, FlowContext, SagaStatus, Sagaworker, Settings
+from sagaworker._base import digests
 from sagaworker._base.canonical import args_digest
 from sagaworker._base.crypto import SealedElsewhere
 from sagaworker._base.types import OutcomeResult
@@ -184,7 +185,8 @@ def assert_reads_clear(sw: Sagaworker, flow_id: str, saga_id: str) -> None:
 def test_stored_encrypted_read_in_clear(make_sw: Any, db_url: str) -> None:
     """With keys set, no argument, result or metadata value is in the raw rows (the seven
     columns hold the encrypted wrapper, or NULL); sw.inspect and the state machine see the
-    clear values; the args digest is the clear arguments' own."""
+    clear values; the args digest is the clear arguments' own, keyed (an HMAC under a key
+    derived from the encryption key: not a SHA-256 anyone can compute from a guess)."""
     sw = make_sw(KEY_A)
     flow_id, saga_id = run_sagas(sw)
     assert clear_secrets(db_url) == set()
@@ -193,8 +195,10 @@ def test_stored_encrypted_read_in_clear(make_sw: Any, db_url: str) -> None:
     # a producer and a worker are separate processes: another Sagaworker with the same keys
     assert_reads_clear(make_sw(KEY_A), flow_id, saga_id)
     entries = raw_rows(db_url)["sagaworker_entries"]
-    assert {e["args_digest"] for e in entries} == {
-        args_digest([CARD, AMOUNT], {}), args_digest([SKU], {"quantity": 3})}
+    found = {e["args_digest"] for e in entries}
+    assert found == {digests.digest(sw.rt.cipher, [CARD, AMOUNT], {}),
+                     digests.digest(sw.rt.cipher, [SKU], {"quantity": 3})}
+    assert not found & {args_digest([CARD, AMOUNT], {}), args_digest([SKU], {"quantity": 3})}
     # what stays in clear: ids, tool names, phases (the sweeper and queries need them)
     assert {(e["saga_id"], e["tool_name"], e["phase"]) for e in entries} == {
         (flow_id, CHARGE, "EXECUTED"), (saga_id, RESERVE, "EXECUTED")}
@@ -347,21 +351,26 @@ def test_a_journal_sealed_before_keys_were_named_refuses_the_wrong_processes(
 
 
 @pytest.mark.services
+@pytest.mark.parametrize("sweep_interval", [1, 0])
 def test_a_keyless_worker_stops_when_encryption_is_turned_on(
-        fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory,
+        sweep_interval: float) -> None:
     """A worker started on a clear journal, without keys, is running when a process with
     SAGAWORKER_ENCRYPTION_KEYS names its key in the journal: the worker logs
     ``journal_keys_changed`` (critical) and shuts down rather than journal results in
-    clear next to sealed ones."""
+    clear next to sealed ones. A worker that sweeps nothing (SAGAWORKER_SWEEP_INTERVAL=0,
+    as docs/scaling.md has tool-only workers) too: the key fact has a timer of its own
+    (``KEYS_EVERY``, 2 s here)."""
     from sagaworker._journal.migrate import upgrade
     from tests.conftest import BROKERS, Cluster, _broker, new_settings, wait_for
 
     need("rabbitmq", _broker(BROKERS["rabbitmq"]))
     upgrade(fresh_pg_url)
     tmp = tmp_path_factory.mktemp("keys")
-    c = Cluster(new_settings(fresh_pg_url, BROKERS["rabbitmq"], tmp), tmp, "rabbitmq")
+    c = Cluster(new_settings(fresh_pg_url, BROKERS["rabbitmq"], tmp,
+                             sweep_interval=sweep_interval), tmp, "rabbitmq")
     try:
-        worker = c.start_worker()
+        worker = c.start_worker(TESTS_KEYS_EVERY="2")
         keyed = Sagaworker(Celery("keyed", broker="memory://"), settings=Settings(
             database_url=fresh_pg_url, broker_url="memory://", encryption_keys=KEY_A))
         keyed.begin("sealed-1", metadata={"card": "4111111111111111"})  # names its key
@@ -521,14 +530,22 @@ def test_a_value_sealed_before_places_still_reads_and_rotate_key_places_it(
     sw: Sagaworker = make_sw(KEY_A)
     _, saga_id = run_sagas(sw)
     _, other = run_sagas(sw, "-x")
-    legacy = {"$sagaworker_enc": Fernet(KEY_A.encode()).encrypt(b'["legacy-sku"]').decode()}
-    sql(db_url, f"UPDATE {ENTRY} SET args = :v WHERE saga_id = :s", v=json.dumps(legacy),
-        s=saga_id)
+
+    def old(value: Any) -> str:  # a token as a release before places sealed it
+        return json.dumps({"$sagaworker_enc": Fernet(KEY_A.encode()).encrypt(
+            json.dumps(value).encode()).decode()})
+
+    legacy = json.loads(old(["legacy-sku"]))
+    # a saga journaled by that release: no nonce, each of its values such a token
+    sql(db_url, f"UPDATE {SAGA} SET place_nonce = NULL, metadata = :m WHERE saga_id = :s",
+        m=old({"customer": SSN}), s=saga_id)
+    sql(db_url, f"UPDATE {ENTRY} SET args = :v, kwargs = :k, result = :r WHERE saga_id = :s",
+        v=json.dumps(legacy), k=old({"quantity": 3}), r=old(RESERVATION), s=saga_id)
     # (nothing says so before a rotate-key: even a new journal may be written by a
     # process of an earlier release, still running beside this one)
     assert stored(db_url, "sagaworker_facts", "value", name="values placed") is None
     assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]
-    assert sw.rotate_key() == 1  # that entry; the rest is sealed for its place already
+    assert sw.rotate_key() == 2  # that saga, its entry; the rest is sealed for its place
     placed = stored(db_url, ENTRY, "args", saga_id=saga_id, seq=1)
     assert placed != legacy and sw.rt.cipher is not None and sw.rt.cipher.is_placed(placed)
     assert [e.args for e in sw.inspect(saga_id).entries] == [["legacy-sku"]]

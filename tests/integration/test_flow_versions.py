@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select, update
 
-from sagaworker import FlowDiverged, Phase, SagaStatus, testing
+from sagaworker import ApprovalInvalid, FlowDiverged, Phase, SagaStatus, testing
 from sagaworker._journal.dialect import db_later
 from sagaworker._journal.schema import sagas
 from sagaworker._worker.check import Finding, check_flows
@@ -186,3 +186,70 @@ def test_flows_check_only_reads(cluster: Cluster, monkeypatch: pytest.MonkeyPatc
     assert r.exit_code == 1, r.output
     assert key in r.output and "read-only" not in r.output
     ro.rt.reset_engine()
+
+
+def refused_held(c: Cluster, key: str) -> list[dict[str, Any]]:
+    """The workers' refusals of a delivered step of a held saga."""
+    return [e for e in c.events(key) if e.get("event") == "step_held"]
+
+
+@pytest.mark.one_broker
+def test_a_held_sagas_gate_is_not_offered_and_no_worker_runs_its_approved_step(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held saga's gate is not offered nor approved, and a worker never runs a
+    step of it. ``early`` was approved a moment before a replay held it: its ship message
+    waits in the queue, and the worker it reaches refuses it. ``late`` is held at its gate:
+    not listed, its token refused naming the commands that resolve it. After a rollback
+    and ``flows resume`` both move on, ship run once each."""
+    c, sw = cluster, cluster.sw
+    early, late = uid("h"), uid("h")
+    for k in (early, late):
+        sw.start(k, versioned, k, "p")
+    gates = {k: wait_for(lambda k=k: gate(c, k), T, f"the gate of {k}") for k in (early, late)}
+
+    # approved (its message queued, no worker running), then a replay of code 2 holds it
+    c.stop_workers()
+    sw.approve(gates[early].token, approver="alice")
+    monkeypatch.setenv("TEST_FLOW_CODE", "2")
+    sw.flows.advance(early)
+    monkeypatch.setenv("TEST_FLOW_CODE", "1")
+    assert sw.inspect(early).diverged is not None
+    deploy(c, "2")  # its worker is handed early's ship
+    wait_for(lambda: refused_held(c, early) or kinds(c, early) != [("effect", "a")], T,
+             "early's ship delivered")
+    assert kinds(c, early) == [("effect", "a")]
+    assert [e["seq"] for e in refused_held(c, early)] == [2]
+    # a worker of code 2 holds late at its gate
+    assert cli(c, monkeypatch, "flows", "resume", late).exit_code == 0
+    wait_for(lambda: sw.inspect(late).diverged, T, f"{late} held")
+
+    step, ship = "tests.apps.cluster.step", "tests.apps.cluster.ship"
+    for k, phase in ((early, Phase.INTENT), (late, Phase.AWAITING_APPROVAL)):
+        rec = sw.inspect(k)
+        assert rec.status.value == ("RUNNING" if k == early else "AWAITING_APPROVAL")
+        assert [(e.tool_name, e.phase, e.attempts) for e in rec.entries] == [
+            (step, Phase.EXECUTED, 1), (ship, phase, 0)]
+        assert kinds(c, k) == [("effect", "a")]
+    assert gate(c, early) is None and gate(c, late) is None
+    with pytest.raises(ApprovalInvalid) as refused:
+        sw.approve(gates[late].token, approver="alice")
+    assert str(refused.value) == (
+        f"saga {late!r} is held: its flow's code no longer replays its journal, so nothing "
+        "of it runs and its gates are closed. Deploy code that replays it (a rollback, or "
+        f"s.patched(...)), then `sagaworker flows resume {late}`; or `sagaworker abort "
+        f"{late} --reason R` to compensate. Nothing changed")
+    assert sw.inspect(late).entries[1].phase is Phase.AWAITING_APPROVAL
+
+    # the rollback and `flows resume`: early's ship is sent again and runs, late's gate is
+    # offered again
+    deploy(c, "1")
+    for k in (early, late):
+        assert cli(c, monkeypatch, "flows", "resume", k).exit_code == 0
+    sw.approve(wait_for(lambda: gate(c, late), T, "late's gate offered again").token,
+               approver="alice")
+    for k in (early, late):
+        res = sw.get(k).wait(timeout=T)
+        assert res.status is SagaStatus.COMPLETED and res.value == [
+            "a-done", "shipped-p", "c-done"]
+        assert kinds(c, k) == [("effect", "a"), ("effect", "ship"), ("effect", "c")]
+        assert sw.inspect(k).entries[1].attempts == 1

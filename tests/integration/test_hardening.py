@@ -391,6 +391,31 @@ def test_an_eager_claim_whose_tool_never_started_is_released_not_doubted(
     assert kinds(c, key) == [("effect", "s1"), ("effect", "s2"), ("effect", "s3")]
 
 
+@pytest.mark.one_broker
+def test_the_release_bound_counts_releases_not_celery_retries(lone: Cluster) -> None:
+    """A step Celery retried SAGAWORKER_MAX_RERUNS times (2 here: its tool raised twice)
+    whose next attempt stops before its tool (its span cannot be made) is released and
+    sent again, and runs: the bound counts the releases of claims stopped before their
+    tool (one here), not the step's attempts. Never in doubt, never compensated: its tool
+    never started."""
+    c = lone
+    c.start_worker(concurrency=1, TEST_FAIL_BEFORE_TOOL="released", TEST_FAIL_AT="3",
+                   SAGAWORKER_MAX_RERUNS="2")
+    key = uid("released")
+    saga = c.sw.begin(key)
+    step = saga.enqueue(c.tool("retried"), key, "b", 2)  # raises on its first two tries
+    wait_for(lambda: [e for e in c.events(key) if e.get("event") in (
+        "step_released", "claim_not_released")], T, "the third attempt to stop before its tool")
+    assert step.result(timeout=T) == "b"
+    assert [e["event"] for e in c.events(key) if e.get("event") in (
+        "step_released", "claim_not_released", "step_in_doubt")] == ["step_released"]
+    [e] = c.sw.inspect(key).entries
+    assert (e.phase, e.attempts, e.in_doubt) == (Phase.EXECUTED, 4, False)
+    assert kinds(c, key) == [("try", "b"), ("try", "b"), ("try", "b"), ("effect", "b")]
+    saga.complete()
+    assert c.sw.inspect(key).status is SagaStatus.COMPLETED
+
+
 # -- 6. a redelivery to a threads-pool worker while the tool runs --------------------------
 
 def _force_redelivery(c: Cluster, proc: subprocess.Popen[bytes], task_id: str) -> None:

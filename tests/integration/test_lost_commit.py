@@ -201,6 +201,28 @@ def test_an_approval_that_lost_its_reply_is_granted(sw: Sagaworker) -> None:
     assert sw.inspect(saga_id).entries[0].approved_by == "ops"
 
 
+def test_an_approved_steps_failure_that_lost_its_reply_answers_as_its_first_run(
+        sw: Sagaworker) -> None:
+    """An approved gated step (its approval's token on the row) FAILED by the attempt that
+    holds it, the reply lost: replayed, the move finds its own FAILED and answers with the
+    saga's status, as its first run (it took the approval's token for another move's
+    doubt and answered None: the worker then sent no failure; found by the model
+    checker)."""
+    saga_id = new_id()
+    sw.begin(saga_id).enqueue(f"{_M}.ship", 1)
+    (token,) = [a.token for a in sw.pending_approvals() if a.saga_id == saga_id]
+    sw.approve(token, approver="ops")
+    claim = sw.machine.claim_start(saga_id, 1, f"{_M}.ship", token="t1", worker="w",
+                                   idempotent=False, task_id=None, retries=0)
+    assert claim.start is Start.RUN
+    with lose_commit_reply(sw) as left:
+        status = sw.machine.failed(saga_id, 1, "t1", "Boom")
+    assert left == [0]
+    assert status is SagaStatus.RUNNING  # (asked to fail by this move)
+    row = sw.journal.entry_row(saga_id, 1)
+    assert (row.phase, row.in_doubt, row.attempt_token) == ("FAILED", False, "t1")
+
+
 def test_an_abort_of_a_failing_saga_that_lost_its_reply_is_audited_once(
         sw: Sagaworker) -> None:
     """A step failed (the saga is asked to fail, its handler has not run) and an operator

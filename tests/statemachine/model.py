@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from sqlalchemy import case, select, update
+from sqlalchemy import and_, case, select, update
 
 from sagaworker import (
     ApprovalInvalid,
@@ -396,20 +396,33 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             self._chain(saga_id)
 
     def _claim(self, saga_id: str, seq: int, tool: str, retries: int = 0) -> None:
+        """A delivery of a step's message, counted ``retries`` (Celery's request.retries)."""
         spec = self.sw.registry.tool(tool)
         assert spec is not None
         token = new_token()
+        key = (saga_id, seq)
+        before = self.entry(saga_id, seq)
         with bound(saga_id, seq, tool):
             claim = self.m.claim_start(saga_id, seq, tool, token=token, worker="model",
-                                       idempotent=spec.idempotent, task_id=None)
+                                       idempotent=spec.idempotent, task_id=None,
+                                       retries=retries)
             self.last = ("claim", saga_id, seq, tool, token, spec.idempotent, claim.start)
             if claim.start is not Start.RUN:
                 if claim.start is Start.IN_DOUBT:  # only an attempt whose lease lapsed
                     self._lost(saga_id, seq)
                 # the executor's answer: logs (step_in_doubt), failure or chain messages
                 self.sw.executor._runs(claim, spec, saga_id, seq)
+                if claim.start is Start.NOT_DUE:  # (Celery would have held it until then)
+                    assert key in self.world.not_due or before.retry_due_at is not None, (
+                        "a claim said not due a step with no retry journaled")
+                    self.sw.executor.when_due(claim, spec, saga_id, seq, "", [], {}, retries)
                 return
-        key = (saga_id, seq)
+        # a Celery retry runs in turn: never a copy of an earlier one (the sweeper's
+        # resend, a redelivery, while a later retry ran), never before it is due
+        assert retries >= (before.celery_retries if before is not None else 0), (
+            f"a claim ran a copy of an earlier Celery retry (counted {retries}, the "
+            f"journal {before.celery_retries})")
+        assert key not in self.world.not_due, "a step claimed before its retry was due"
         row, saga = self.entry(saga_id, seq), self.saga_row(saga_id)
         assert not [a for a in self.attempts if (a.saga_id, a.seq) == key and a.holds
                     and a.token != token], "a claim took over a lease that had not lapsed"
@@ -426,7 +439,6 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         a = Attempt(saga_id, seq, tool, token, int(row.args[0]), retries)
         self.attempts.append(a)
         self.world.holder[key] = a
-        self.world.not_due.discard(key)
 
     def _lost(self, saga_id: str, seq: int) -> None:
         """A step is found in doubt: none of its attempts may hold a lease still live."""
@@ -483,7 +495,9 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
                 assert after.lease_until == before.lease_until, "a fenced-out release wrote"
             if status is SagaStatus.COMPENSATING:
                 self.bus.send_compensate(a.saga_id)
-            if how == "raise":  # Celery retries: the same message comes again
+            if how == "raise":  # Celery retries: the same message comes again, its due
+                # time (at once) and count journaled first (``ToolTask.retry``)
+                self.m.retry_due(a.saga_id, a.seq, a.token, 0.0, a.retries)
                 self.bus.publish_step(a.saga_id, a.seq, a.tool, [], {}, "", None,
                                       retries=a.retries)
                 return
@@ -498,14 +512,15 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
 
     @precondition(lambda self: any(a.running and not a.lapsed and not is_unit(a.tool)
                                    for a in self.attempts))
-    @rule(i=st.integers(0, 20), then=st.sampled_from(["published", "lost", "swept"]))
+    @rule(i=st.integers(0, 20),
+          then=st.sampled_from(["published", "lost", "swept", "out_of_turn"]))
     def tool_asks_retry(self, i: int, then: str) -> None:
         """A running tool calls ``current_task.retry(countdown=60)`` (a delivered step's, or
         an eager step's hand-over to the broker): past ``max_retries`` Celery raises and
         the step fails; else the lease's release, the retry's due time and its count are
         journaled in one commit, then the retry's message is published, or its worker
         dies in between (``lost``; ``swept``: time passes and the sweeper sends it, with
-        its count)."""
+        its count; ``out_of_turn``: its copies come out of turn)."""
         a = self.pick(i, [a for a in self.attempts if a.running and not a.lapsed
                           and not is_unit(a.tool)])
         if a.retries >= MAX_RETRIES:  # Celery's MaxRetriesExceededError: the tool raised
@@ -542,6 +557,20 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             assert all(c == self.world.retried[key] for c in counts), (
                 f"the sweeper resent a tool's retry counted {counts}, asked "
                 f"{self.world.retried[key]} times")
+        elif then == "out_of_turn":
+            self._out_of_turn(a)
+
+    def _out_of_turn(self, a: Attempt) -> None:
+        """The messages of a step whose tool asked for a retry come out of turn: the
+        retry's own (its ETA set on a host whose clock runs ahead) before it is due, which
+        is sent again for then; a while later, that copy still queued (or waiting, its ETA
+        past, in a busy worker), the sweeper's pass, which holds the retry back; then a
+        copy of the message that ran (the sweeper's resend, a redelivery), the retry due:
+        none may run the step (each run would ask for a retry of its own)."""
+        key = (a.saga_id, a.seq)
+        self._claim(*key, a.tool, a.retries + 1)
+        self.a_while_passes()
+        self._claim(*key, a.tool, a.retries)
 
     @precondition(lambda self: any(a.running and not a.lapsed for a in self.attempts))
     @rule(i=st.integers(0, 20), redeliver=st.booleans())
@@ -677,6 +706,33 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         self.lapse()
         if sweep:
             self.sweep()
+
+    @precondition(lambda self: any(m[0] == "step" for m in self.bus.messages))
+    @rule()
+    def a_while_passes(self) -> None:
+        """A while passes (past ``relay_after``, well under an hour: past every retry's
+        due time) while step messages wait in their queue, and the sweeper's resending
+        stages run: a step they would resend, unstarted or waiting for its Celery retry,
+        is held back (it may be one of the messages, or wait in a busy worker, its ETA
+        past: a copy would run it once more)."""
+        past = db_later(-(self.sw.settings.relay_after + 1))
+        free = and_(entries.c.saga_id.in_(self.sagas), entries.c.phase == _INTENT,
+                    entries.c.lease_until.is_(None))
+        with self.sw.journal.engine.begin() as conn:
+            waiting = {(r.saga_id, r.seq) for r in conn.execute(
+                select(entries.c.saga_id, entries.c.seq).where(free))}
+            conn.execute(update(entries).where(free).values(
+                resend_at=None, created_at=past, updated_at=past,
+                published_at=case((entries.c.published_at.is_(None), None), else_=past),
+                retry_due_at=case((entries.c.retry_due_at.is_(None), None), else_=past)))
+        self.world.not_due.clear()
+        queued, sent = any(m[0] == "step" for m in self.bus.messages), len(self.bus.messages)
+        self.sw.sweeper._relay()
+        self.sw.sweeper._retries()
+        resent = [m[1:3] for m in self.bus.messages[sent:]
+                  if m[0] == "step" and m[1:3] in waiting]
+        assert not (queued and resent), (
+            f"the sweeper resent {resent} while their queue held step messages")
 
     def lapse(self) -> None:
         """Time passes: dead workers' leases lapse (live ones keep beating), and every

@@ -35,6 +35,7 @@ PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/repository.
 GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
 REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"
+SWEEPER = "sagaworker/_recovery/sweeper.py"
 
 
 @dataclass(frozen=True)
@@ -157,15 +158,38 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("unit-asked-again", "a replay sends a model request whose response is journaled",
        REPLAY, "                return row.result\n", "                return await body()\n"),
     _m("unit-claim-ignored", "a replay sends a model request another worker's claim holds",
-       UNITS, "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):\n"
-       "                    raise _Suspend()", "                not_run(rt, got, self.saga_id, "
-       "row.seq, op.tool_name)\n                if False:\n                    raise _Suspend()"),
+       UNITS, "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name):\n",
+       "                if not not_run(rt, got, self.saga_id, row.seq, op.tool_name) "
+       "and False:\n"),
     _m("unit-busy-goes-on", "a replay goes on past a model request in flight elsewhere",
        UNITS, "raise _Suspend()  # run by another replay, or decided (said and sent)",
        "return None"),
     _m("died-unreported", "an undo whose worker died on every try is given up unreported",
        UNDO, "died.append((row, self._died_every_try(conn, saga_id, row, token, tries)))",
        "self._died_every_try(conn, saga_id, row, token, tries)"),
+    _m("claim-stale-retry", "the one-statement claim runs a copy of an earlier Celery retry "
+       "(its count below the journal's)", STEP,
+       "return [entries.c.celery_retries <= retries,\n            or_(", "return [or_("),
+    _m("claim-stale-retry-locked", "the locked claim runs a copy of an earlier Celery retry",
+       STEP, "    if retries < row.celery_retries:\n        return Claim(Start.SUPERSEDED",
+       "    if False:\n        return Claim(Start.SUPERSEDED"),
+    _m("claim-stale-retry-pg", "the PostgreSQL claim runs a copy of an earlier Celery retry",
+       PGFAST, "  AND (%(retries)s::integer IS NULL OR e.celery_retries <= %(retries)s::integer)"
+       "\n", "", database="postgresql"),
+    _m("claim-early", "the one-statement claim runs a Celery retry before it is due", STEP,
+       "            or_(entries.c.retry_due_at.is_(None), entries.c.retry_due_at <= db_now())]",
+       "            ]"),
+    _m("claim-early-locked", "the locked claim runs a Celery retry before it is due", STEP,
+       "    if row.due_in is not None and row.due_in > 0:\n        return Claim(Start.NOT_DUE",
+       "    if False:\n        return Claim(Start.NOT_DUE"),
+    _m("claim-early-pg", "the PostgreSQL claim runs a Celery retry before it is due", PGFAST,
+       "  AND (%(retries)s::integer IS NULL OR e.retry_due_at IS NULL\n"
+       "       OR e.retry_due_at <= statement_timestamp())\n", "", database="postgresql"),
+    _m("retry-resent-queued", "the sweeper resends a lost Celery retry while its queue holds "
+       "messages (a copy that runs the step once more)", SWEEPER,
+       'found = self._unqueued(and_(waiting, self._open_saga()), since, "retry_deferred")',
+       'found = self.resends.due(entries, ["saga_id", "seq"], and_(waiting, '
+       'self._open_saga()))'),
 )
 
 

@@ -23,6 +23,7 @@ MAX_RETRIES = 1  # the tools' Celery max_retries: a tool's own retry() asked onc
 TOOLS = ("plain", "idem", "ship", "lookup")
 PREFIX = "tests.statemachine.world."
 PLAIN, IDEM, SHIP, LOOKUP = (PREFIX + t for t in TOOLS)
+QUEUE = "model"  # the broker queue of every step message
 
 
 def model_flow(s: FlowContext, n: int) -> dict[str, int]:
@@ -104,15 +105,16 @@ class RecordingBus:
         if saga_id in self.sagas:
             self.messages.append(("compensate", saga_id))
 
-    def send_advance(self, saga_id: str) -> None:
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
         if saga_id in self.sagas:
             self.messages.append(("advance", saga_id))
 
     def queue_of(self, tool: str, queue: str | None) -> str | None:
-        return None  # one list for every queue: the relay's backlog check does not apply
+        return QUEUE  # one list for every step, whatever its tool
 
     def ready(self, queues: set[str]) -> dict[str, int]:
-        return {}
+        """The step messages waiting (the sweeper holds back while there are any)."""
+        return {QUEUE: sum(m[0] == "step" for m in self.messages)} if QUEUE in queues else {}
 
 
 def build(url: str) -> Sagaworker:

@@ -164,3 +164,19 @@ def test_a_blank_or_short_rotated_secret_is_named() -> None:
     """Spaces only, or a short secret in the list: the problem names which."""
     assert "only spaces" in (Settings(approval_secret="   ").approval_secret_problem or "")
     assert "#2" in (Settings(approval_secret=f"{S1},short").approval_secret_problem or "")
+
+
+def test_a_forged_token_of_deeply_nested_json_is_invalid(tmp_path: Path) -> None:
+    """A forged token whose payload is JSON nested a million deep is ApprovalInvalid (the
+    API's 400, the CLI's error line), never a RecursionError out of the JSON parser."""
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    forged = f"{b64(b'[' * 1_000_000 + b']' * 1_000_000)}.{b64(b'x' * 32)}"
+    with pytest.raises(ApprovalInvalid, match=r"^approval token is not valid \(forged or "):
+        Signer("k" * 32, 60).verify(forged)
+    sw = Sagaworker(Celery("nested", broker="memory://"), settings=Settings(
+        database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
+        approval_secret="k" * 32))
+    with pytest.raises(ApprovalInvalid, match=r"^approval token is not valid \(forged or "):
+        sw.approve(forged, approver="mallory")

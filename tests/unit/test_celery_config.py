@@ -203,3 +203,30 @@ def test_early_acks_refused_only_where_they_reach_tool_tasks(tmp_path: Path) -> 
     assert "acks_late=False" in problems[0] and "early" in problems[0]
     assert "reject_on_worker_lost=False" in problems[1] and "dropped" in problems[1]
     assert "serializer='pickle'" in problems[2] and "pickled" in problems[2]
+
+
+def test_queues_are_routes_not_task_attributes(tmp_path: Path) -> None:
+    """Celery 5.7 warns that the ``queue`` task attribute goes in Celery 6: no task is
+    declared with one. sagaworker's own tasks are routed through ``task_routes``; a tool's
+    ``queue=`` is journaled with each of its steps, whose every publish names it."""
+    import warnings
+
+    app = Celery("cfg-routes", broker="memory://")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sw = Sagaworker(app, settings=settings(tmp_path, queue="sw-own"))
+
+        @sw.tool(queue="payments")
+        def charge(card: str) -> str:
+            return card
+
+        app.finalize(auto=True)
+        tasks = {name: app.tasks[name] for name in ("sagaworker.saga_failed", charge.name)}
+    assert [str(w.message).split(" is ")[0].strip() for w in caught
+            if "task attribute" in str(w.message)] == []
+    assert [name for name, task in tasks.items() if "queue" in vars(type(task))] == []
+    assert app.amqp.router.route({}, "sagaworker.saga_failed")["queue"].name == "sw-own"
+    saga = sw.begin("routed")
+    saga.enqueue(charge, "card-1")
+    assert (sw.registry.tool(charge.name).queue, sw.inspect("routed").entries[0].queue) == (
+        "payments", "payments")

@@ -175,6 +175,7 @@ def test_web_serves_the_dashboard_of_the_named_app(app_dir: Path,
     served: list[flask.Flask] = []
     monkeypatch.setattr(flask.Flask, "run", lambda self, **kw: served.append(self))
     _gate(app_dir)
+    monkeypatch.setenv("SAGAWORKER_WEB_ANONYMOUS_READS", "true")  # (the operator's choice)
     r = CliRunner().invoke(main, ["-A", "cliapp", "web", "--port", "8123"])
     assert r.exit_code == 0, r.output
     client = served[0].test_client()
@@ -248,3 +249,44 @@ def test_list_never_wraps_a_saga_id(app_dir: Path, width: int) -> None:
     r = CliRunner().invoke(main, ["-A", "cliapp", "list"], terminal_width=width)
     assert r.exit_code == 0, r.output
     assert any(long_id in line for line in r.output.splitlines()), r.output
+
+
+def test_the_cli_imports_what_the_worker_imports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow in a module only Celery's ``include=`` names (the worker imports it, the app
+    module does not): ``show`` knows its parameters, so only the one SAGAWORKER_REDACT
+    names is redacted, not every argument."""
+    (tmp_path / "shopapp.py").write_text(
+        "from celery import Celery\nfrom sagaworker import Sagaworker, Settings\n"
+        "app = Celery('shopapp', broker='memory://', include=['shopflows'])\n"
+        f"sw = Sagaworker(app, settings=Settings(database_url="
+        f"{'sqlite:///' + str(tmp_path / 'j.db')!r}))\n")
+    (tmp_path / "shopflows.py").write_text(
+        "from sagaworker import FlowContext\nfrom shopapp import sw\n\n\n"
+        "@sw.flow()\ndef checkout(s: FlowContext, card: str, sku: str) -> None:\n"
+        "    return None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for k in [k for k in __import__("os").environ if k.startswith("SAGAWORKER_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SAGAWORKER_REDACT", "card")
+    import shopapp  # type: ignore[import-not-found]
+    import shopflows  # type: ignore[import-not-found]
+
+    shopapp.sw.start("shop-1", shopflows.checkout, "card-4242", "sku-9")
+    shopapp.sw.rt.reset_engine()
+    for name in ("shopapp", "shopflows"):  # the CLI's own import, as a fresh process
+        monkeypatch.delitem(sys.modules, name)
+    r = CliRunner().invoke(main, ["-A", "shopapp", "show", "shop-1"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert 'flow: shopflows.checkout("[REDACTED]", "sku-9")' in r.output
+    assert "card-4242" not in r.output
+
+
+@pytest.mark.parametrize("args", [[], ["show"], ["db", "upgrade"]])
+def test_dash_h_is_help(args: list[str]) -> None:
+    """``sagaworker -h`` (and a command's ``-h``) prints what ``--help`` prints, exit 0."""
+    long, short = (CliRunner().invoke(main, [*args, flag]) for flag in ("--help", "-h"))
+    assert (short.exit_code, short.output) == (0, long.output)
+    assert long.output.startswith("Usage: ")

@@ -22,7 +22,7 @@ class FlowBus(RecordingBus):
         super().__init__(sagas)
         self.advances: list[str] = []
 
-    def send_advance(self, saga_id: str) -> None:
+    def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
         self.advances.append(saga_id)
 
 

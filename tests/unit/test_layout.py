@@ -22,8 +22,9 @@ FLOORS: list[set[str]] = [
     {"_worker"},          # what a worker does: run a step, advance a flow
     {"_recovery"},        # compensation, the sweeper
     {"_core"},            # the one place that assembles the parts (and wires Celery)
-    {"__init__", "cli", "web", "testing", "agents", "contrib"},  # on top: the public API,
-    # the CLI, the web app, the agent adapters, the framework integrations
+    {"__init__", "cli", "web", "testing", "agents", "contrib", "mcp"},  # on top: the public
+    # API, the CLI, the web app, the agent adapters, the framework integrations, the MCP
+    # server
 ]
 
 

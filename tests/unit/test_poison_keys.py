@@ -216,10 +216,10 @@ def test_the_api_and_dashboard_list_the_rest_and_show_the_unreadable_one(
         sqlite_sw: Sagaworker) -> None:
     """GET /sagas answers 200 with the readable sagas and the unreadable one under
     ``unreadable``; the dashboard answers 200 and names it."""
-    from sagaworker.web import create_app
+    from sagaworker.web import WebAuth, create_app
 
     _with_unreadable(sqlite_sw)
-    client = create_app(sqlite_sw).test_client()
+    client = create_app(sqlite_sw, auth=WebAuth(anonymous_reads=True)).test_client()
     got = client.get("/sagas")
     assert got.status_code == 200
     body = got.get_json()
@@ -238,7 +238,7 @@ def test_the_api_and_dashboard_say_why_a_saga_holding_a_copied_value_is_not_show
     another with SQL (encryption on): 409 saying so, not a 500."""
     from celery import Celery
 
-    from sagaworker.web import create_app
+    from sagaworker.web import WebAuth, create_app
 
     sw = Sagaworker(Celery("copied", broker="memory://"), settings=Settings(
         database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url="memory://",
@@ -248,7 +248,7 @@ def test_the_api_and_dashboard_say_why_a_saga_holding_a_copied_value_is_not_show
     with sw.journal.engine.begin() as conn:
         conn.execute(text("UPDATE sagaworker_sagas SET metadata = (SELECT metadata FROM "
                           "sagaworker_sagas WHERE saga_id = 'from-1') WHERE saga_id = 'to-1'"))
-    client = create_app(sw).test_client()
+    client = create_app(sw, auth=WebAuth(anonymous_reads=True)).test_client()
     got = client.get("/sagas/to-1")
     assert got.status_code == 409
     assert "copied there with SQL" in got.get_json()["error"]

@@ -161,3 +161,25 @@ def test_fail_after_complete_is_refused(sqlite_sw: Sagaworker) -> None:
     with pytest.raises(SagaworkerError, match="COMPLETED"):
         saga.fail("too late")
     assert sqlite_sw.inspect("o-7").status is SagaStatus.COMPLETED
+
+
+def test_a_saga_block_whose_wait_ran_out_says_the_saga_was_failed(
+        sqlite_sw: Sagaworker) -> None:
+    """``sw.saga(..., timeout=)``: a step that did not finish in time raised into the
+    block, so sw.saga failed the saga, which compensates. Neither the error nor the
+    journaled reason says "the saga goes on": both say the saga was failed, and the
+    error says how to wait for its compensation."""
+    reserve, _ = tools(sqlite_sw)  # no worker: the step never runs
+    with pytest.raises(TimeoutError) as got:
+        sqlite_sw.saga("o-late", lambda s: s.call(reserve, "sku", 1), timeout=0.05)
+    step = "step 1 (tests.unit.test_producer.reserve) of saga 'o-late'"
+    assert str(got.value) == (
+        f"{step} did not finish within 0.05 s, so sw.saga failed the saga: its steps are "
+        "being undone, not carried on, and that did not finish within 0.05 s either. Wait "
+        "for the outcome with sw.get('o-late').wait() (or see `sagaworker show o-late`)")
+    rec = sqlite_sw.inspect("o-late")
+    assert (rec.status, rec.reason) == (
+        SagaStatus.RUNNING,
+        f"TimeoutError: {step} did not finish within 0.05 s (sw.saga's timeout): "
+        "sw.saga failed the saga")
+    assert sqlite_sw.journal.saga_row("o-late").fail_requested_at is not None

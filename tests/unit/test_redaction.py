@@ -277,11 +277,11 @@ def test_cli_tables_and_json_are_redacted(red_sw: Sagaworker) -> None:
 
 def test_api_and_dashboard_are_redacted(red_sw: Sagaworker) -> None:
     """The JSON API and the dashboard never show a redacted argument or its value."""
-    from sagaworker.web import create_app
+    from sagaworker.web import WebAuth, create_app
 
     charge = charge_of(red_sw)
     red_sw.saga("o-7", lambda s: s.call(charge, SECRET, 1), timeout=20)
-    app = create_app(red_sw)
+    app = create_app(red_sw, auth=WebAuth(anonymous_reads=True))
     app.testing = True
     client = app.test_client()
     for url in ("/sagas/o-7", "/sagas", "/", "/ui/sagas/o-7"):

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import update
+from structlog.testing import capture_logs
 
 from sagaworker import Sagaworker
 from sagaworker._journal.repository import now
@@ -153,3 +154,42 @@ def test_a_retry_claimed_since_the_sweeper_read_it_is_not_resent(
     assert sweeper._retries() == 0
     assert read == [1], "the sweeper did not read the attempt as lost: the test proves nothing"
     assert sent == []
+
+
+def test_a_lost_retry_is_not_resent_while_its_queue_holds_messages(
+        sqlite_sw: Sagaworker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool's own retry (its count journaled) overdue by a minute: while its queue holds
+    messages it may be one of them (or wait, its ETA past, in a busy worker), and a copy
+    would run the step once more; so the sweeper holds it back, as the relay does, and
+    resends it, with its count, once the queue is empty."""
+    @sqlite_sw.tool(queue="busy")
+    def charge(x: int) -> int:
+        return x
+
+    monkeypatch.setattr(sqlite_sw.producer, "publish", lambda *a: False)  # never sent
+    sqlite_sw.begin("retry-q").enqueue(charge, 1)
+    m = sqlite_sw.machine
+    assert m.claim_start("retry-q", 1, charge.name, token="t0", worker="w", idempotent=False,
+                         task_id="c1", retries=0).start.value == "run"
+    m.retry_later("retry-q", 1, "t0", "Retry", 0.0, 1)
+    with sqlite_sw.journal.engine.begin() as conn:  # due a minute ago
+        conn.execute(update(entries).values(retry_due_at=now() - timedelta(seconds=60)))
+    bus = sqlite_sw.rt.bus
+    waiting = {"busy": 2}
+    monkeypatch.setattr(bus, "ready", lambda queues: {q: waiting[q] for q in queues
+                                                      if q in waiting})
+    sent: list[tuple[str, int, int]] = []
+
+    def publish(saga_id: str, seq: int, *a: Any, **k: Any) -> bool:
+        sent.append((saga_id, seq, k["retries"]))
+        return True
+
+    monkeypatch.setattr(bus, "publish_step", publish)
+    with capture_logs() as logs:
+        assert sqlite_sw.sweeper.sweep()["retries"] == 0
+    assert sent == []
+    assert [(e["event"], e["queues"]) for e in logs if e["event"].endswith("_deferred")] == [
+        ("retry_deferred", ["busy"])]
+    waiting["busy"] = 0  # drained: the retry was lost
+    assert sqlite_sw.sweeper.sweep()["retries"] == 1
+    assert sent == [("retry-q", 1, 1)]

@@ -104,3 +104,38 @@ def test_a_setting_may_be_named_in_any_case_and_defaults_are_validated(
     assert (s.log_level, s.orphan_after) == ("WARNING", 5.0)
     # a default goes through its field's type, as a value from the environment does
     assert isinstance(Settings().approval_ttl, float)
+
+
+def test_a_dotenv_value_is_read_literally(workdir: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``${VAR}`` in ``.env`` is text, never another variable of the environment: no
+    variable reaches a setting (the trace URL the dashboard renders) through a line."""
+    monkeypatch.setenv("SW_TEST_DATABASE_PASSWORD", "hunter2")
+    (workdir / ".env").write_text(
+        "SAGAWORKER_TRACE_URL=https://tempo.example/${SW_TEST_DATABASE_PASSWORD}/{trace_id}\n"
+        "SAGAWORKER_REDACT=${SW_TEST_DATABASE_PASSWORD:-card}\n")
+    s = Settings()
+    assert s.trace_url == "https://tempo.example/${SW_TEST_DATABASE_PASSWORD}/{trace_id}"
+    assert s.redact == "${SW_TEST_DATABASE_PASSWORD:-card}"
+
+
+def test_a_dotenv_pipe_nobody_writes_is_named_not_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``.env`` named pipe with no writer (the secret manager is not running) would hang
+    every process silently: after ``DOTENV_PIPE_WAIT`` seconds a ConfigurationError names
+    the file and what to do."""
+    from sagaworker._base import settings as settings_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(settings_module, "DOTENV_PIPE_WAIT", 0.2)
+    fifo = tmp_path / ".env"
+    os.mkfifo(fifo)
+    try:
+        with pytest.raises(ConfigurationError) as got:
+            Settings()
+    finally:  # the reader still waiting in open(): a writer that comes and goes ends it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert str(got.value) == (
+        f"{fifo} is a named pipe that no process wrote within 0.2 s: start what writes it "
+        "(your secret manager's run command), or remove it and set SAGAWORKER_* in the "
+        "environment")

@@ -158,7 +158,7 @@ def test_an_unjournalable_result_asks_the_saga_to_fail_in_the_same_move(
 def test_the_json_api_and_dashboard_show_every_journaled_type(tmp_path: Path) -> None:
     """A saga holding a time, bytes, a date, a Decimal and a UUID is served (200, ISO
     text), not a 500 for the whole listing."""
-    from sagaworker.web import create_app
+    from sagaworker.web import WebAuth, create_app
 
     sw = _sw(tmp_path)
 
@@ -169,7 +169,7 @@ def test_the_json_api_and_dashboard_show_every_journaled_type(tmp_path: Path) ->
     ref = uuid.uuid4()
     sw.begin("web-1").enqueue(stamp, time(10, 30), b"\xff\x00", date(2026, 12, 4),
                               Decimal("1.50"), ref)
-    client = create_app(sw).test_client()
+    client = create_app(sw, auth=WebAuth(anonymous_reads=True)).test_client()
     one = client.get("/sagas/web-1")
     assert one.status_code == 200
     assert one.get_json()["entries"][0]["args"] == ["10:30:00", "/wA=", "2026-12-04", "1.50",

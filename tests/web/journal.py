@@ -23,8 +23,11 @@ BOB_TOKEN = "swop_bob-web-tests-0123456789abcdefghijklmnopqrs"
 
 
 def operators() -> WebAuth:
-    """Operator tokens for alice and bob, stored hashed as SAGAWORKER_WEB_TOKENS would be."""
-    return WebAuth(tokens=[("alice", hash_token(ALICE_TOKEN)), ("bob", hash_token(BOB_TOKEN))])
+    """Operator tokens for alice and bob, stored hashed as SAGAWORKER_WEB_TOKENS would be,
+    and anonymous reads on (SAGAWORKER_WEB_ANONYMOUS_READS=true, as an operator may choose):
+    the ``client`` fixture reads as anyone who reaches the app."""
+    return WebAuth(tokens=[("alice", hash_token(ALICE_TOKEN)), ("bob", hash_token(BOB_TOKEN))],
+                   anonymous_reads=True)
 
 
 def bearer(token: str) -> dict[str, str]:

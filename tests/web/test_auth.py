@@ -79,10 +79,12 @@ def test_read_only_app_refuses_every_decision_with_403(states: Sagaworker, path:
 
 
 def test_read_only_app_still_reads_and_takes_orders(states: Sagaworker) -> None:
-    """Read-only is about decisions: sagas, approvals (without tokens) and orders work."""
-    client = _client(states, WebAuth())
+    """Read-only is about decisions: sagas, approvals (without tokens) and orders work
+    (here for anyone: anonymous reads on)."""
+    client = _client(states, WebAuth(anonymous_reads=True))
     assert client.get("/auth").get_json() == {"read_only": True, "methods": [],
-                                              "operator": None, "via": None}
+                                              "operator": None, "via": None, "reader": None,
+                                              "role": None, "anonymous_reads": True}
     assert client.get("/sagas/order-g").status_code == 200
     pending = client.get("/approvals").get_json()["approvals"]
     assert [(p["saga_id"], p["token"]) for p in pending] == [("order-g", None)]
@@ -391,3 +393,41 @@ def test_a_header_clients_send_themselves_is_refused_as_trusted(header: str) -> 
     operator: refused at start, naming the setting and what to name instead."""
     with pytest.raises(AuthConfigError, match=r"SAGAWORKER_WEB_TRUSTED_HEADER.*proxy"):
         WebAuth(trusted_header=header)
+
+
+@pytest.mark.parametrize("header", ["Sec-Fetch-Site", "sec-fetch-user", "X-Forwarded-For",
+                                    "X-Forwarded-Host", "X-Real-IP", "Forwarded",
+                                    "X-Requested-With", "Accept-Language", "X-User"])
+def test_a_header_that_names_no_signed_in_user_is_refused_as_trusted(
+        monkeypatch: pytest.MonkeyPatch, sw: Sagaworker, tmp_path: Path, header: str) -> None:
+    """A browser sends Sec-Fetch-Site (``same-origin``) with a plain form POST, and a proxy
+    sets X-Forwarded-For to the client's address: trusting either made anyone an
+    operator. Only a header an authenticating proxy sets to the signed-in user is
+    accepted (or X-Sagaworker-*, one the operator's proxy sets): the app refuses to
+    start, naming the setting and the headers it takes."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SAGAWORKER_WEB_TRUSTED_HEADER", header)
+    with pytest.raises(AuthConfigError) as exc:
+        create_app(sw, flow=order_flow)
+    assert str(exc.value) == (
+        f"SAGAWORKER_WEB_TRUSTED_HEADER {header!r} is not a header an authenticating proxy "
+        "sets to the signed-in user (a browser or a client may send it itself: "
+        "Sec-Fetch-Site: same-origin would name an operator); name one of "
+        "X-Forwarded-User, X-Forwarded-Email, X-Forwarded-Preferred-Username, "
+        "X-Auth-Request-User, X-Auth-Request-Email, X-Auth-Request-Preferred-Username, "
+        "Remote-User, Remote-Email, X-Remote-User, X-Webauth-User, X-Authentik-Username, "
+        "X-Authentik-Email, X-Pomerium-Claim-Email, Cf-Access-Authenticated-User-Email, "
+        "X-Goog-Authenticated-User-Email, X-Amzn-Oidc-Identity, X-Ms-Client-Principal-Name, "
+        "or an X-Sagaworker-* header your proxy sets (and strips from requests)")
+
+
+@pytest.mark.parametrize("header", ["X-Forwarded-User", "x-auth-request-email", "Remote-User",
+                                    "Cf-Access-Authenticated-User-Email", "X-Sagaworker-User"])
+def test_the_identity_headers_of_authenticating_proxies_are_trusted(
+        states: Sagaworker, header: str) -> None:
+    """oauth2-proxy's, Authelia's, Cloudflare Access's (any case), or an X-Sagaworker-*
+    header of the operator's own proxy: the signed-in user it names approves."""
+    client = _client(states, WebAuth(trusted_header=header))
+    ok = client.post("/approvals/approve", json={"saga_id": "order-g", "seq": 2},
+                     headers={header: "carol@example.com"})
+    assert (ok.status_code, ok.get_json()["approver"]) == (200, "carol@example.com")

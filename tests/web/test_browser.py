@@ -79,7 +79,7 @@ def serve(sw: Sagaworker, auth: WebAuth) -> Iterator[str]:
 def served(sw: Sagaworker, tools: Tools) -> Iterator[str]:
     """The read-only dashboard over a journal with one saga in every interesting state."""
     populate(sw, tools)
-    with serve(sw, WebAuth()) as url:
+    with serve(sw, WebAuth(anonymous_reads=True)) as url:
         yield url
 
 
@@ -234,6 +234,38 @@ def test_proxy_operator_aborts_and_redrives(sw: Sagaworker, tools: Tools,
         eventually(lambda: [a[:2] for a in audit_rows(sw, "order-1006")] == [
             ("retry_compensation", "bob")], "the re-drive in the journal")
         assert sw.inspect("order-1006").status is SagaStatus.COMPENSATING
+
+
+def test_a_browser_signs_in_to_read_when_anonymous_reads_are_off(
+        sw: Sagaworker, tools: Tools, browser: Browser) -> None:
+    """Anonymous reads off (the default): the page is a sign-in page showing no saga; a
+    viewer's token opens the dashboard (a cookie the script never sees) with no button,
+    sign-out closes it again; an operator's token opens it with the buttons."""
+    from sagaworker.web.auth import hash_token
+
+    carol = "swop_carol-browser-viewer-0123456789abcdefghijklm"
+    populate(sw, tools)
+    auth = WebAuth(tokens=[("alice", hash_token(ALICE_TOKEN))],
+                   viewers=[("carol", hash_token(carol))])
+    with serve(sw, auth) as url:
+        browser.goto(url + "/")
+        assert browser.js("document.body.dataset.signin") == "1"
+        assert "order-1004" not in browser.js("document.body.innerText")
+        browser.type("#op-token", carol)
+        browser.click("#signin-button")
+        browser.wait("!!document.getElementById('reader-name') && "
+                     "document.getElementById('reader-name').textContent === 'carol'",
+                     "carol's dashboard")
+        assert "order-1004" in browser.js("document.body.innerText")
+        assert browser.visible("button.op") == 0
+        assert browser.js("document.cookie") == ""  # HttpOnly: no script reads it
+        browser.click("#reader-signout")
+        browser.wait("document.body.dataset.signin === '1'", "the sign-in page again")
+        browser.type("#op-token", ALICE_TOKEN)
+        browser.click("#signin-button")
+        browser.wait("!document.body.dataset.signin && document.getElementById("
+                     "'operator-name').textContent === 'alice'", "alice's dashboard")
+        assert browser.visible("button.op") == 3  # approve and reject its gate, 1 re-drive
 
 
 #: run in every page before its own script: records what the page's policy blocked

@@ -278,7 +278,7 @@ def test_read_only_dashboard_says_so_and_has_no_buttons(sw: Sagaworker, tools: T
 
     awaiting_approval(sw, tools, "order-gated")
     compensated(sw, tools, "order-dirty", card="stuck-1")
-    client = create_app(sw, auth=WebAuth()).test_client()
+    client = create_app(sw, auth=WebAuth(anonymous_reads=True)).test_client()
     for url in ("/", "/ui/sagas/order-gated", "/ui/sagas/order-dirty"):
         html = _html(client, url)
         banner = _section(html, 'id="read-only"', "</div>")
@@ -319,7 +319,8 @@ def test_proxy_signed_in_operator_sees_the_buttons(sw: Sagaworker, tools: Tools)
     from sagaworker.web import WebAuth, create_app
 
     awaiting_approval(sw, tools, "order-gated")
-    client = create_app(sw, auth=WebAuth(trusted_header="X-Forwarded-User")).test_client()
+    client = create_app(sw, auth=WebAuth(trusted_header="X-Forwarded-User",
+                                         anonymous_reads=True)).test_client()
     resp = client.get("/", headers={"X-Forwarded-User": "carol"})
     html = resp.get_data(as_text=True)
     assert 'id="operator-name">carol</b>' in html and 'id="signin"' not in html
@@ -458,3 +459,32 @@ def test_a_diverged_flow_is_pinned_with_the_commands_that_resolve_it(
     assert 'id="diverged"' in page and "flow diverged at step 1" in page
     got = client.get("/sagas/order-d1").get_json()
     assert got["status"] == "RUNNING" and got["diverged"].startswith("flow diverged at step 1")
+
+
+def test_a_held_flows_gate_is_offered_nowhere(alice: FlaskClient, sw: Sagaworker) -> None:
+    """A flow held at its gate: no Approve on its page nor on the index, and an
+    operator's approval by saga and step is refused (409), naming what resolves it."""
+    from sqlalchemy import update
+
+    from sagaworker._journal.schema import entries
+
+    from .journal import order_flow, run_step
+
+    sw.start("order-h1", order_flow, "h1", "sku-5", 3, "card-0000-1111", 2500)
+    for seq in (1, 2, 3):
+        sw.flows.advance("order-h1")
+        run_step(sw, "order-h1", seq, seq)
+    sw.flows.advance("order-h1")  # dispatch waits at its gate
+    assert 'data-gate="order-h1#4"' in _html(alice, "/ui/sagas/order-h1")
+    assert "Waiting for approval (1)" in _html(alice, "/")
+    with sw.journal.engine.begin() as conn:  # the deployed code now asks for another step 1
+        conn.execute(update(entries).where(entries.c.saga_id == "order-h1", entries.c.seq == 1)
+                     .values(args_digest="0" * 64))
+    sw.flows.advance("order-h1")
+    page = _html(alice, "/ui/sagas/order-h1")
+    assert 'id="diverged"' in page and "data-gate=" not in page
+    assert "Waiting for approval" not in _html(alice, "/")
+    resp = alice.post("/approvals/approve", json={"saga_id": "order-h1", "seq": 4})
+    assert resp.status_code == 409
+    assert "sagaworker flows resume order-h1" in resp.get_json()["error"]
+    assert sw.inspect("order-h1").entries[3].phase.value == "AWAITING_APPROVAL"

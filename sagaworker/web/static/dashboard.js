@@ -2,14 +2,16 @@
 // posted to the JSON API. The identity is the proxy's header (nothing to do here) or an
 // operator token entered once and kept in sessionStorage (this tab only), sent as
 // "Authorization: Bearer". The server checks it on every request; hiding the buttons is
-// only a courtesy.
+// only a courtesy. Signing in also sets the server's read cookie (HttpOnly: never seen
+// here), with which the browser loads the pages when anonymous reads are off; it never
+// decides. A viewer's token signs in for reading only.
 (function () {
   "use strict";
   const KEY = "sagaworker.operatorToken";
   const $ = (id) => document.getElementById(id);
   const box = $("operator");
   if (!box) return; // read-only app: no buttons were rendered
-  const dialog = $("confirm");
+  const dialog = $("confirm"); // none when only viewers are configured
   const flash = $("flash");
   let pending = null; // the button whose action the dialog confirms
 
@@ -52,18 +54,41 @@
       cache: "no-store",
     });
     const body = await resp.json().catch(() => ({}));
-    if (resp.ok && body.operator) return body.operator;
-    throw new Error(body.error || "not an operator token");
+    if (resp.ok && (body.operator || body.reader)) return body;
+    throw new Error(body.error || "not a valid token");
   }
 
-  async function signIn(token) {
+  // the read cookie, for the pages this browser loads (the token itself is sent once)
+  function session(method, token) {
+    return fetch(box.dataset.sessionUrl, {
+      method: method, credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "Accept": "application/json" },
+      body: token ? JSON.stringify({ token: token }) : undefined,
+    });
+  }
+
+  async function signIn(token, fresh) {
     try {
-      const name = await whoami(token);
+      const who = await whoami(token);
+      if (fresh) await session("POST", token);
+      // the sign-in page becomes the page itself; a viewer's name is rendered by the server
+      if (fresh && (document.body.dataset.signin || !who.operator)) {
+        if (who.operator) sessionStorage.setItem(KEY, token);
+        location.reload();
+        return;
+      }
+      if (!who.operator) return;
       sessionStorage.setItem(KEY, token);
-      signedIn(name);
+      signedIn(who.operator);
     } catch (e) {
       signedOut(e.message);
     }
+  }
+
+  async function signOutAll() {
+    signedOut("");
+    await session("DELETE").catch(() => null);
+    location.reload();
   }
 
   const form = $("signin");
@@ -73,13 +98,16 @@
       const input = $("op-token");
       const token = input.value.trim();
       input.value = "";
-      if (token) signIn(token);
+      if (token) signIn(token, true);
     });
     const token = storedToken();
-    if (token) signIn(token);
+    if (token) signIn(token, false);
   }
   const out = $("signout");
-  if (out) out.addEventListener("click", () => signedOut(""));
+  if (out) out.addEventListener("click", signOutAll);
+  const readerOut = $("reader-signout");
+  if (readerOut) readerOut.addEventListener("click", signOutAll);
+  if (!dialog) return; // viewers only: nothing to decide here
 
   const TEXT = {
     approve: (b) => ["Approve step #" + b.dataset.seq + " " + b.dataset.step + "?",
