@@ -378,6 +378,13 @@ def pays_noisily(s: FlowContext, key: str, cc: str) -> str:
     return paid
 
 
+def passes_counts(s: FlowContext, key: str) -> str:
+    """A step's result (an object) handed on to the next step's arguments, as text."""
+    got = s.call("tests.apps.cluster.counts", key)
+    done: str = s.call("tests.apps.cluster.step", key, json.dumps(got))
+    return done
+
+
 def logs_its_card(s: FlowContext, key: str, card: str) -> str:
     """Logs and print()s its own card argument (as a model SDK logs inside a flow), then
     pays with it: the worker must scrub the flow's lines as it scrubs a tool's."""
@@ -453,7 +460,7 @@ def retry_tools(sw: Sagaworker) -> None:
         return name
 
 
-FLOWS = (logs_its_card, three_steps, fan_out, gated_flow, catches_failure, load_flow,
+FLOWS = (passes_counts, logs_its_card, three_steps, fan_out, gated_flow, catches_failure, load_flow,
          pays_then_raises,
          idem_flow, retried_flow, pays_noisily, asks_who, retried_by_hand_flow,
          retried_later_flow, raises_its_own, versioned, async_steps, durable_trip,
@@ -693,6 +700,12 @@ def build(settings: Settings | None = None) -> tuple[Celery, Sagaworker]:
             raise Boom(f"card {card} declined for {amount_cents} cents")
         record(key, "effect", "pay")
         return "paid"
+
+    @sw.tool(compensable_by="undo_step")
+    def counts(key: str) -> dict[str, int]:
+        """Returns an object whose keys PostgreSQL's jsonb stores in another order."""
+        record(key, "effect", "counts")
+        return {"zz": 1, "a": 2, "bbb": 3}
 
     @sw.tool(compensable_by="undo_step")
     def whoami(key: str) -> str:

@@ -163,6 +163,22 @@ def test_a_units_value_is_the_journaled_one_on_its_first_run_too(
 
 
 @pytest.mark.one_broker
+def test_a_tool_steps_result_is_the_journaled_one_on_the_first_run_too(
+        crash_cluster: Cluster) -> None:
+    """The same for a tool step's result handed on by a flow (run eagerly by the worker
+    that advanced the flow, or delivered): the next step's arguments are what every
+    replay reads, and the flow completes without a divergence."""
+    from tests.apps.cluster import passes_counts
+
+    c, key = crash_cluster, uid("ft")
+    res = c.sw.start(key, passes_counts, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    assert [r.tool for r in c.ledger(key) if r.kind == "effect"] == [
+        "counts", '{"a": 2, "zz": 1, "bbb": 3}']
+    assert not events(c, key, "flow_diverged")
+
+
+@pytest.mark.one_broker
 def test_a_unit_whose_value_the_journal_cannot_hold_fails_the_run_clearly(
         crash_cluster: Cluster) -> None:
     """A function tool of an OpenAI Agents run returns NaN: its effect happened, so its
