@@ -429,6 +429,8 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         assert key not in self.world.executed, "a step claimed after its EXECUTED"
         assert saga.fail_requested_at is None and SagaStatus(saga.status) in OPEN, (
             "a step claimed for a saga asked to fail")
+        # (a delivery after the deadline, before any sweep saw it pass, runs nothing)
+        assert saga_id not in self.world.overdue, "a step claimed after its saga's deadline"
         if spec.gated:
             assert row.approved_by, "a gated step claimed without an approval"
         prev = self.world.holder.get(key)

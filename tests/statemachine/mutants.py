@@ -185,6 +185,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("claim-early-pg", "the PostgreSQL claim runs a Celery retry before it is due", PGFAST,
        "  AND (%(retries)s::integer IS NULL OR e.retry_due_at IS NULL\n"
        "       OR e.retry_due_at <= statement_timestamp())\n", "", database="postgresql"),
+    _m("claim-past-deadline", "the one-statement claim runs a step delivered after its saga's "
+       "deadline, before any sweep saw it pass", STEP,
+       "                       or_(sagas.c.deadline_at.is_(None), sagas.c.deadline_at > "
+       "db_now()),\n", ""),
     _m("retry-resent-queued", "the sweeper resends a lost Celery retry while its queue holds "
        "messages (a copy that runs the step once more)", SWEEPER,
        'found = self._unqueued(and_(waiting, self._open_saga()), since, "retry_deferred")',
