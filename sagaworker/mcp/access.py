@@ -15,10 +15,8 @@ is "no such saga" to a caller: its existence is not told.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
-import re
 from collections import OrderedDict
 from typing import Any
 
@@ -26,6 +24,7 @@ from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
 from .._base.errors import ConfigurationError, SagaNotFound, SagaworkerError
+from .._base.tokens import hash_token, parse_token_lines
 from .._producer.saga import Saga
 
 __all__ = ["PRINCIPAL", "Owners", "TokenVerifier", "is_loopback", "no_saga", "parse_tokens",
@@ -33,27 +32,13 @@ __all__ = ["PRINCIPAL", "Owners", "TokenVerifier", "is_loopback", "no_saga", "pa
 
 #: the metadata key naming the principal that began a saga
 PRINCIPAL = "mcp_principal"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def parse_tokens(text: str) -> list[tuple[str, str]]:
     """``SAGAWORKER_MCP_TOKENS``: ``name:sha256hex`` pairs, comma-separated; a malformed
     entry is a ConfigurationError naming its position (never its hash)."""
-    out = []
-    for n, raw in enumerate(text.split(","), start=1):
-        item = raw.strip()
-        if not item:
-            continue
-        name, colon, digest = item.rpartition(":")
-        name, digest = name.strip(), digest.strip().lower()
-        if not colon or not _NAME.match(name) or not _HEX.match(digest):
-            raise ConfigurationError(
-                f"SAGAWORKER_MCP_TOKENS: entry {n} is not name:sha256hex (a name of letters, "
-                "digits, '_', '.', '@', '+' or '-', then ':' and the 64 hex digits of the "
-                "token's SHA-256); make one with `sagaworker mcp --new-token NAME`")
-        out.append((name, digest))
-    return out
+    return parse_token_lines(text, "SAGAWORKER_MCP_TOKENS", sep=",", error=ConfigurationError,
+                             make_one="`sagaworker mcp --new-token NAME`")
 
 
 class TokenVerifier:
@@ -63,7 +48,7 @@ class TokenVerifier:
         self._entries = list(entries)
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        digest = hashlib.sha256(token.encode()).hexdigest()
+        digest = hash_token(token)
         found = None
         for name, stored in self._entries:  # every entry compared: no early exit to time
             if hmac.compare_digest(digest, stored) and found is None:

@@ -21,7 +21,6 @@ nothing) or, only with ``SAGAWORKER_WEB_ANONYMOUS_READS=true``, anyone who reach
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import threading
@@ -32,13 +31,15 @@ from typing import ClassVar
 from flask import Request
 
 from .._base.settings import FromEnvironment
+from .._base.tokens import HEX as _HEX
+from .._base.tokens import NAME as NAME
+from .._base.tokens import hash_token as hash_token
+from .._base.tokens import parse_token_lines as _parse
 
 __all__ = ["IDENTITY_HEADERS", "OWN_HEADER_PREFIX", "AuthConfigError", "Identity",
            "Unauthorized", "WebAuth", "WebSettings", "hash_token", "parse_token_lines"]
 
 #: an operator's name: what the journal records as approver or actor
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
 #: the longest identity a proxy header may carry (the journal's approver column is free text)
 MAX_HEADER_IDENTITY = 200
 #: the sign-in cookie of the dashboard's browsers: a token that authenticates reads only
@@ -69,29 +70,11 @@ class Identity:
     role: str = "operator"
 
 
-def hash_token(token: str) -> str:
-    """The stored form of a token: its SHA-256, hex. Tokens are 256 random bits, so a fast
-    hash is enough (nothing to brute-force); the server never keeps the token itself."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def parse_token_lines(text: str, source: str, *, sep: str = "\n") -> list[tuple[str, str]]:
     """``name:sha256hex`` entries (``#`` comments and blanks skipped), or AuthConfigError
     naming ``source`` and the bad entry's position (never its hash)."""
-    out: list[tuple[str, str]] = []
-    for n, raw in enumerate(text.split(sep), start=1):
-        item = raw.split("#", 1)[0].strip() if sep == "\n" else raw.strip()
-        if not item:
-            continue
-        name, colon, digest = item.rpartition(":")
-        name, digest = name.strip(), digest.strip().lower()
-        if not colon or not NAME.match(name) or not _HEX.match(digest):
-            raise AuthConfigError(
-                f"{source}: entry {n} is not name:sha256hex (a name of letters, digits, "
-                "'_', '.', '@', '+' or '-', then ':' and the 64 hex digits of the token's "
-                "SHA-256); make one with `python -m sagaworker.web.tokens new NAME`")
-        out.append((name, digest))
-    return out
+    return _parse(text, source, sep=sep, error=AuthConfigError,
+                  make_one="`python -m sagaworker.web.tokens new NAME`")
 
 
 class WebSettings(FromEnvironment):
