@@ -19,7 +19,7 @@ from typing import Any
 from .errors import BadInput
 
 __all__ = ["FUNCTION_TOOL", "MODEL_REQUEST", "UNIT_PREFIX", "CallFor", "Unit", "is_unit",
-           "model_turn", "step_label", "turn_line", "unit_kind"]
+           "model_turn", "step_label", "turn_line", "unit_input", "unit_kind"]
 
 UNIT_PREFIX = "unit:"
 _MAX = 200 - len(UNIT_PREFIX)
@@ -27,9 +27,12 @@ _MAX = 200 - len(UNIT_PREFIX)
 
 @dataclass(frozen=True)
 class Unit:
-    """A unit a flow's replay asks to journal before it runs it."""
+    """A unit a flow's replay asks to journal before it runs it. ``input``: a digest of
+    what it is asked with, as the flow's code gives it (a model request's prompt),
+    journaled in its args digest, so that a replay under changed code finds the change."""
 
     name: str
+    input: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > _MAX:
@@ -39,6 +42,12 @@ class Unit:
     @property
     def tool_name(self) -> str:
         return UNIT_PREFIX + self.name
+
+
+def unit_input(unit: Unit) -> dict[str, str]:
+    """What a unit's args digest is taken over besides its name: its input's digest, if
+    it has one (a unit journaled before inputs were, or without one: nothing)."""
+    return {} if unit.input is None else {"input": unit.input}
 
 
 @dataclass(frozen=True)

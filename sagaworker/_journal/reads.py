@@ -4,6 +4,7 @@ one read behind every waiting ``aresult``), and a step journaled once per caller
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -32,12 +33,14 @@ _log = get_logger()
 @dataclass
 class Claiming:
     """An eager step's claim, taken by the statement that journals its INTENT where the
-    journal can (PostgreSQL): ``done`` says it was."""
+    journal can (PostgreSQL): ``done`` says it was; ``at``: no later than it was taken
+    (the monotonic clock), for a run that starts long after to check its lease first."""
 
     token: str
     worker: str
     lease: float
     done: bool = False
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)

@@ -148,31 +148,23 @@ class StepMoves(MoveBase):
 
     @retrying
     @performs("step", "heartbeat")
-    def heartbeat(self, held: list[Held], *, lease: float | None = None) -> None:
+    def heartbeat(self, held: list[Held], *, lease: float | None = None) -> int:
         """Move ``heartbeat``: extend the leases this process still holds, by token, by
         ``lease`` seconds (None: SAGAWORKER_REDELIVER_AFTER; an agent's model request is
-        held on SAGAWORKER_UNIT_LEASE).
+        held on SAGAWORKER_UNIT_LEASE). How many it kept.
 
         One short transaction each; an undo's also tells the sweeper the chain moves,
         once its token and lease are found still its own (a fenced undo moves nothing).
         """
         until = db_later(self.lease if lease is None else lease)
+        kept = 0
         for saga_id, seq, undo, token in held:
             with self.j.engine.begin() as conn:
-                if undo:
-                    kept = conn.execute(update(entries).where(
-                        entries.c.saga_id == saga_id, entries.c.seq == seq,
-                        entries.c.compensation.is_(None), entries.c.undo_token == token,
-                        entries.c.comp_lease_until.is_not(None))
-                        .values(comp_lease_until=until)).rowcount
-                    if kept:
-                        self.j.touch(conn, saga_id, chain_touched_at=db_now())
-                else:
-                    conn.execute(update(entries).where(
-                        entries.c.saga_id == saga_id, entries.c.seq == seq,
-                        entries.c.phase == _INTENT, entries.c.attempt_token == token,
-                        entries.c.lease_until.is_not(None))
-                        .values(lease_until=until))
+                ours = conn.execute(_beat(saga_id, seq, undo, token, until)).rowcount
+                if ours and undo:
+                    self.j.touch(conn, saga_id, chain_touched_at=db_now())
+                kept += 1 if ours else 0
+        return kept
 
     @retrying
     @performs("step", "release")
@@ -340,6 +332,19 @@ def _settled(row: Any, tool: str, token: str, status: SagaStatus,
     if row.alive:
         return Claim(Start.BUSY, row=row, saga_status=status)
     return None
+
+
+def _beat(saga_id: str, seq: int, undo: bool, token: str, until: Any) -> Any:
+    """A heartbeat's statement: the lease extended while ``token`` holds the row."""
+    if undo:
+        return update(entries).where(
+            entries.c.saga_id == saga_id, entries.c.seq == seq,
+            entries.c.compensation.is_(None), entries.c.undo_token == token,
+            entries.c.comp_lease_until.is_not(None)).values(comp_lease_until=until)
+    return update(entries).where(
+        entries.c.saga_id == saga_id, entries.c.seq == seq,
+        entries.c.phase == _INTENT, entries.c.attempt_token == token,
+        entries.c.lease_until.is_not(None)).values(lease_until=until)
 
 
 def _in_turn(retries: int | None) -> list[Any]:

@@ -21,7 +21,7 @@ from .._base.errors import BadInput, SagaworkerError
 from .._base.patches import PatchMarker, patch_id
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
-from .._base.units import CallFor, Unit, is_unit
+from .._base.units import CallFor, Unit, is_unit, unit_input
 from .._journal.app_tx import AppTx
 from .._journal.machine import new_token, worker_label
 from .._journal.reads import Claiming
@@ -60,7 +60,8 @@ class Producer:
                                        call_id=tool.call_id)
         if isinstance(tool, Unit):  # run by the replay that journals it: no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},
-                            args_digest=self.digest([tool.name], {}), queue=None,
+                            args_digest=self.digest([tool.name], unit_input(tool)),
+                            queue=None,
                             task_id=str(uuid.uuid4()), gated=False)
         if isinstance(tool, PatchMarker):  # a flow's patch marker: no tool, no message
             return NewEntry(tool_name=tool.tool_name, args=[], kwargs={},

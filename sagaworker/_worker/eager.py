@@ -139,6 +139,8 @@ class Eager:
                     1, e.args_digest, trace_context=e.trace_context)))
             entered = False  # run_step took the step over: it releases or journals it
             try:
+                if claimed is not None and not self._still_held(saga_id, seq, e):
+                    return False
                 with self._as_delivered(spec, e.task_id, args, kwargs, carrier):
                     entered = True
                     return self.x.run_step(spec, saga_id, seq, e.task_id, args, kwargs,
@@ -157,6 +159,21 @@ class Eager:
                 log.error("eager_step_interrupted", error=brief(exc),
                           detail="the relay or the sweeper sends the step from the journal")
                 return False
+
+    def _still_held(self, saga_id: str, seq: int, e: NewEntry) -> bool:
+        """A claim taken with its INTENT long before the run (the advance stalled, say on a
+        broker blocking its publishes) may have lapsed and been taken by a delivery the
+        sweeper sent: past half its lease, the run goes on only if the claim is still
+        this one's (its lease renewed by token), else it is left to that delivery."""
+        claim = e.claim
+        assert claim is not None
+        if time.monotonic() - claim.at <= claim.lease / 2:
+            return True
+        if self.x.rt.machine.heartbeat([(saga_id, seq, False, claim.token)]):
+            return True
+        log.warning("eager_claim_lost", detail="its claim lapsed before it ran here and "
+                    "another delivery holds it: not run here")
+        return False
 
     @contextmanager
     def _as_delivered(self, spec: ToolSpec, task_id: str, args: Sequence[Any],

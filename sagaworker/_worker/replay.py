@@ -21,7 +21,7 @@ from .._base.awaiting import settle
 from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
-from .._base.units import MODEL_REQUEST, Unit, unit_kind
+from .._base.units import MODEL_REQUEST, Unit, unit_input, unit_kind
 from .._journal.runtime import Runtime
 from .._producer.producer import Producer
 from .shown import describe, show_call
@@ -187,14 +187,17 @@ class FlowContext:
         return out
 
     async def unit(self, name: str, body: Callable[[], Awaitable[Any]], *,
-                   idempotent: bool = True, tries: int | None = None) -> Any:
+                   idempotent: bool = True, tries: int | None = None,
+                   input: str | None = None) -> Any:
         """The journaled result of durable unit ``name`` at this position: ``body`` runs
         here, once, in the replay that first reaches it (``_base.units``). ``idempotent``:
         a body whose worker was lost mid-run may run again (a model request); else that
         attempt is in doubt (section 6), as a tool's. ``tries``: a model request's tries
         in all when it fails for a passing reason (None: SAGAWORKER_MODEL_RETRIES for a
-        model request, one for anything else)."""
-        op = Unit(name)
+        model request, one for anything else). ``input``: a digest of what the body is
+        asked with as this code gives it (a model request's prompt): a replay that finds
+        another one journaled diverges ("the prompt changed at turn N")."""
+        op = Unit(name, input)
         if tries is None and unit_kind(op.tool_name) == MODEL_REQUEST:
             tries = self._producer.rt.settings.model_retries
         pos = self._cursor
@@ -203,6 +206,11 @@ class FlowContext:
             row = self._journal[pos]
             if row.tool_name != op.tool_name:
                 raise self._diverged(row, op.tool_name, f"asked for {op.tool_name}")
+            if not self._same_input(row, op):
+                turn = 1 + sum(unit_kind(r.tool_name) == MODEL_REQUEST
+                               for r in self._journal[:pos])
+                raise self._diverged(row, op.tool_name, "asked with another input: the "
+                                     f"prompt changed at turn {turn}")
             phase = Phase(row.phase)
             if phase is Phase.EXECUTED and row.error is None:
                 return row.result
@@ -217,6 +225,16 @@ class FlowContext:
             raise _Suspend()
         return await self._units.run(self._journal_unit(op), op, body, "claimed", idempotent,
                                      tries)
+
+    def _same_input(self, row: Any, op: Unit) -> bool:
+        """Whether the journaled unit was asked with ``op``'s input: true where either has
+        none (a unit journaled before inputs were, or asked without one)."""
+        cipher = self._producer.rt.cipher
+        if op.input is None or digests.matches(cipher, row.args_digest, [op.name], {},
+                                               clear_ok=True):
+            return True
+        return digests.matches(cipher, row.args_digest, [op.name], unit_input(op),
+                               clear_ok=True)
 
     def _journal_unit(self, op: Unit) -> Any:
         """Journal what this replay asked for so far, then the unit, held for this worker."""

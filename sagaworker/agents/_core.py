@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._base.canonical import args_digest
 from .._base.errors import BadInput, ConfigurationError, SagaworkerError, ToolFailed
 from .._base.registry import ToolSpec
 from .._base.types import Phase
 from .._producer.saga import Saga, Step
 
 __all__ = ["AgentTool", "AgentTools", "ArgumentsRefused", "GatePending", "SagaClosed", "failed_in",
-           "require", "split_arguments"]
+           "prompt_digest", "require", "split_arguments"]
 
 
 def require(module: str, extra: str) -> Any:
@@ -185,3 +186,15 @@ def failed_in(exc: BaseException) -> ToolFailed | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def prompt_digest(prompt: Any) -> str:
+    """A digest of a model request's prompt as the flow's code makes it (instructions,
+    system and user prompts, the tools offered): journaled with the request, so that a
+    replay under code that prompts otherwise reports the turn. ``prompt`` is made JSON by
+    pydantic (an object it cannot encode counts by its type's name: never by an address
+    or a time that differs between replays)."""
+    from pydantic_core import to_jsonable_python
+
+    plain = to_jsonable_python(prompt, fallback=lambda o: type(o).__name__)
+    return args_digest([plain], {})

@@ -20,7 +20,7 @@ from typing import Any
 from .._base.errors import BadInput, ConfigurationError
 from .._base.registry import ToolSpec
 from .._worker.replay import current_flow
-from ._core import require
+from ._core import prompt_digest, require
 
 require("agents", "openai-agents")
 
@@ -71,6 +71,28 @@ def _load(payload: dict[str, Any]) -> ModelResponse:
                          response_id=data.get("response_id"))
 
 
+_ASKED = ("system_instructions", "input", "model_settings", "tools", "output_schema",
+          "handoffs")
+
+
+def _prompt(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A digest of a model request's prompt (``Model.get_response``'s arguments): the
+    instructions, the user, system and developer messages of its input, the tools and
+    handoffs it offers, a stored prompt it names. Not the model's own output items nor the
+    tools' outputs (journaled: the same on every replay), nor any id."""
+    asked = dict(zip(_ASKED, args, strict=False)) | kwargs
+    given = asked.get("input")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+    said = [[i.get("role"), i.get("content")] for i in items
+            if isinstance(i, dict) and i.get("role") in ("user", "system", "developer")]
+    tools = [[getattr(t, "name", type(t).__name__), getattr(t, "description", None),
+              getattr(t, "params_json_schema", None)] for t in asked.get("tools") or ()]
+    handoffs = [[getattr(h, "tool_name", None), getattr(h, "tool_description", None)]
+                for h in asked.get("handoffs") or ()]
+    return prompt_digest([asked.get("system_instructions"), said, tools, handoffs,
+                          asked.get("prompt")])
+
+
 class _JournaledModel(Model):
     """A model whose requests, inside a flow, are durable units of its saga."""
 
@@ -86,7 +108,8 @@ class _JournaledModel(Model):
             return _dump(await self.inner.get_response(*args, **kwargs),
                          _model_name(self.inner))
 
-        payload = await ctx.unit(f"{self.name}__model.request", body, tries=self.tries)
+        payload = await ctx.unit(f"{self.name}__model.request", body, tries=self.tries,
+                                 input=_prompt(args, kwargs))
         return _load(payload)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:

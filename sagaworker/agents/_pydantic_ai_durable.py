@@ -24,7 +24,7 @@ from .._base.registry import ToolSpec
 from .._base.units import CallFor
 from .._worker.replay import FlowContext, current_flow
 from .._worker.signals import _Diverged, _Suspend
-from ._core import split_arguments
+from ._core import prompt_digest, split_arguments
 
 try:
     from pydantic_ai import ModelRetry, RunContext, Tool
@@ -78,7 +78,28 @@ class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
             return await body()
         if isinstance(operation_id, ToolsetCallToolId):  # a function tool's call
             return await ctx.unit(name, body, idempotent=bool(config.get("idempotent")))
-        return await ctx.unit(name, body, tries=self.model_retries)  # a model request
+        return await ctx.unit(name, body, tries=self.model_retries,  # a model request
+                              input=_prompt(cache_key))
+
+
+def _prompt(cache_key: tuple[object, ...]) -> str | None:
+    """A digest of a model request's prompt (its cache identity: the model, the messages,
+    the settings, the request's parameters, the run's context): the instructions, system
+    and user prompts of its messages and the tools it offers. Not the model's responses nor
+    the tools' returns (journaled: the same on every replay), nor any time or id."""
+    if len(cache_key) < 4:
+        return None
+    messages, params = cache_key[1], cache_key[3]
+    asked = []
+    for m in messages if isinstance(messages, list) else []:
+        if getattr(m, "kind", None) != "request":
+            continue
+        asked.append([getattr(m, "instructions", None),
+                      [[p.part_kind, p.content] for p in getattr(m, "parts", ())
+                       if getattr(p, "part_kind", None) in ("system-prompt", "user-prompt")]])
+    offered = [*getattr(params, "function_tools", ()), *getattr(params, "output_tools", ())]
+    tools = [[t.name, t.description, t.parameters_json_schema] for t in offered]
+    return prompt_digest([asked, tools])
 
 
 def _idempotence(names: frozenset[str]) -> Callable[[DurableOperationId, object | None, str],

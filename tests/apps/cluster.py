@@ -253,6 +253,11 @@ def trip_model(messages: list[Any], info: Any) -> Any:
     return ModelResponse(parts=[TextPart(f"trip booked for {key}")])
 
 
+def _trip_instructions() -> str:
+    """The trip agent's instructions, as the code deployed says (TEST_TRIP_INSTRUCTIONS)."""
+    return os.environ.get("TEST_TRIP_INSTRUCTIONS", "Book the trip the prompt asks for.")
+
+
 def _trip_agent() -> Any:
     if "trip" not in AGENTS:
         from pydantic_ai import Agent
@@ -262,6 +267,7 @@ def _trip_agent() -> Any:
 
         sw, tools = AGENTS["tools"]
         AGENTS["trip"] = Agent(FunctionModel(trip_model), name="trip",
+                               instructions=_trip_instructions,
                                capabilities=[sw_agents.Durability(sw)],
                                toolsets=[sw_agents.flow_toolset(tools)])
     return AGENTS["trip"]
@@ -335,7 +341,8 @@ def _oai_trip_agent() -> Any:
                 raise NotImplementedError
 
         _, tools = AGENTS["tools"]
-        AGENTS["oai"] = Agent(name="trip", model=Scripted(), tools=sw_oai.flow_tools(tools))
+        AGENTS["oai"] = Agent(name="trip", model=Scripted(), tools=sw_oai.flow_tools(tools),
+                              instructions=lambda ctx, agent: _trip_instructions())
     return AGENTS["oai"]
 
 
@@ -942,6 +949,20 @@ if os.environ.get("TEST_FAIL_BEFORE_TOOL"):
         return _real_span(tool, saga_id, *a, **k)
 
     _tracing.step_span = _step_span  # type: ignore[assignment]
+
+
+# a tracing exporter that blocks (a collector away, spans exported as they end): in the
+# sagas whose id starts with TEST_STALLED_SPANS, the export of the idempotent step's
+# enqueue span (ended by the advance that claimed that step to run it here) waits until
+# another delivery claimed the step again (its attempts > 1), at most 30 s
+if os.environ.get("TEST_STALLED_SPANS"):
+    from tests.apps import spans as _spans
+
+    def _claimed_again(saga_id: str) -> bool:
+        return any(e.attempts > 1 for e in sw.journal.saga_and_entries(saga_id)[1])
+
+    _spans.install_stalling(os.environ["TEST_STALLED_SPANS"], "enqueue tests.apps.cluster.idem",
+                            _claimed_again)
 
 
 # tracing (tests/integration/test_tracing.py): spans to a file; Celery's instrumentation

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -104,3 +105,27 @@ def read(path: str) -> list[dict[str, Any]]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class StallingExporter(SpanExporter):
+    """An exporter that blocks (a collector away): the export of a span named ``name`` of
+    a saga whose id starts with ``prefix`` waits until ``until(saga_id)``, at most 30 s."""
+
+    def __init__(self, prefix: str, name: str, until: Callable[[str], bool]) -> None:
+        self.prefix, self.name, self.until = prefix, name, until
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for s in spans:
+            saga_id = str((s.attributes or {}).get("sagaworker.saga_id", ""))
+            if s.name == self.name and saga_id.startswith(self.prefix):
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not self.until(saga_id):
+                    time.sleep(0.1)
+        return SpanExportResult.SUCCESS
+
+
+def install_stalling(prefix: str, name: str, until: Callable[[str], bool]) -> None:
+    """A worker's tracing through a ``StallingExporter`` (spans exported as they end)."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(StallingExporter(prefix, name, until)))
+    trace.set_tracer_provider(provider)

@@ -139,6 +139,60 @@ def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
     assert [e.phase for e in c.sw.inspect(key).entries] == [Phase.EXECUTED] * 7
 
 
+@pytest.mark.one_broker
+def test_a_deploy_that_changes_the_agents_instructions_holds_its_runs_at_turn_one(
+        crash_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs wait at the voucher's gate. Code that instructs the agent otherwise is found
+    by `flows check` ("the prompt changed at turn 1"), and once deployed the worker holds the
+    run it replays: not compensated, no turn sent again. A run journaled before model
+    requests carried their prompt's digest is replayed by the new code as before."""
+    from sqlalchemy import update
+
+    from sagaworker._base import digests
+    from sagaworker._journal.schema import entries
+    from sagaworker._worker.check import Finding, check_flows
+
+    c = crash_cluster
+    key, older = uid("ap"), uid("ap")
+    for k in (key, older):
+        c.sw.start(k, durable_trip, k, voucher=True)
+    gates = {k: wait_for(lambda k=k: next((p for p in c.sw.pending_approvals()
+                                           if p.saga_id == k), None), T, f"{k}'s gate")
+             for k in (key, older)}
+    # ``older``'s model requests as a journal written before digests of prompts
+    with c.sw.journal.engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.saga_id == older,
+                                           entries.c.tool_name == UNIT)
+                     .values(args_digest=digests.digest(c.sw.rt.cipher, [UNIT[5:]], {})))
+
+    monkeypatch.setenv("TEST_TRIP_INSTRUCTIONS", "Book the cheapest trip.")
+    found = {f.saga_id: f for f in check_flows(c.sw, "tests.apps.cluster.durable_trip")
+             if isinstance(f, Finding) and f.saga_id in (key, older)}
+    assert list(found) == [key]
+    assert (found[key].kind, found[key].seq) == ("diverged", 1)
+    assert "the prompt changed at turn 1" in found[key].detail
+
+    c.stop_workers()
+    for k in (key, older):
+        c.sw.approve(gates[k].token, approver="alice")
+    c.start_worker(TEST_TRIP_INSTRUCTIONS="Book the cheapest trip.")
+    try:
+        res = c.sw.get(older).wait(timeout=T)
+        assert res.status is SagaStatus.COMPLETED, res.error
+        rec = wait_for(lambda: (r := c.sw.inspect(key)).diverged and r, T, f"{key} held")
+        assert rec.status is SagaStatus.RUNNING
+        assert rec.diverged.startswith("flow diverged at step 1")
+        assert "the prompt changed at turn 1" in rec.diverged
+        # the approved voucher ran (asked for under the code that journaled it); nothing
+        # undone, no turn sent again
+        assert effects(c, key) == ["book_hotel", "charge_card", "send_voucher"]
+        assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
+        assert not [e for e in c.sw.inspect(key).entries if e.compensation is not None]
+    finally:
+        c.stop_workers()
+        c.start_worker()
+
+
 # -- the OpenAI Agents SDK: sagaworker.agents.openai_agents.run with flow_tools ----------------
 
 
@@ -155,6 +209,25 @@ def test_an_openai_agents_run_sends_each_model_turn_once(crash_cluster: Cluster)
             for t in shown] == [("Scripted", ["book_hotel"], 10, 3), None,
                                 ("Scripted", ["charge_card"], 10, 3), None,
                                 ("Scripted", [], 10, 3)]
+
+
+@pytest.mark.one_broker
+def test_an_openai_agents_run_replayed_by_code_that_prompts_otherwise_diverges(
+        crash_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt's digest journaled by the worker is the one this process computes for
+    the same code (a replay does not diverge), and another for code that instructs the
+    agent otherwise: a replay under it diverges at the first model request, turn 1."""
+    from sagaworker import FlowDiverged, testing
+
+    c, key = crash_cluster, uid("oa")
+    res = c.sw.start(key, durable_trip_oai, key).wait(timeout=T)
+    assert res.status is SagaStatus.COMPLETED, res.error
+    testing.replay(c.sw, key)
+    monkeypatch.setenv("TEST_TRIP_INSTRUCTIONS", "Book the cheapest trip.")
+    with pytest.raises(FlowDiverged) as e:
+        testing.replay(c.sw, key)
+    assert e.value.seq == 1
+    assert "the prompt changed at turn 1" in str(e.value)
 
 
 def test_an_openai_agents_run_killed_mid_request_resumes_without_repeating_a_turn(

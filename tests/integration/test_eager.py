@@ -187,3 +187,31 @@ def test_an_eager_retry_counts_against_the_tools_max_retries(cluster: Cluster) -
     assert [(r.kind, r.tool) for r in cluster.ledger(key) if r.tool == "b"] == [
         ("try", "b"), ("try", "b")]
     assert cluster.sw.inspect(key).entries[1].phase is Phase.FAILED
+
+
+@pytest.mark.one_broker
+def test_an_eager_claim_that_lapsed_while_its_advance_stalled_is_not_run_again(
+        crash_cluster: Cluster) -> None:
+    """The advance that claimed step b with its INTENT (to run it here) stalls past b's
+    lease (a tracing exporter blocking on its enqueue span): the sweeper delivers b and
+    another process runs it. When the stalled advance goes on, it finds its claim taken
+    and does not run b a second time."""
+    c = crash_cluster
+    prefix = uid("stall")
+    c.stop_workers()
+    try:
+        c.start_worker(TEST_STALLED_SPANS=prefix)
+        key = uid(prefix)
+        res = c.sw.start(key, idem_flow, key).wait(timeout=T)
+        assert res.status is SagaStatus.COMPLETED, res.error
+        assert [(r.kind, r.tool) for r in c.ledger(key)] == [
+            ("effect", "a"), ("try", "b"), ("effect", "b"), ("effect", "c")]
+        # the fault hit: the claim taken with b's INTENT lapsed, and was found taken
+        lost = [e for e in c.events(key) if e["event"] == "eager_claim_lost"]
+        assert [e["seq"] for e in lost] == [2]
+        rec = c.sw.inspect(key)
+        assert [(e.seq, e.phase, e.attempts) for e in rec.entries] == [
+            (1, Phase.EXECUTED, 1), (2, Phase.EXECUTED, 2), (3, Phase.EXECUTED, 1)]
+    finally:
+        c.stop_workers()
+        c.start_worker()
