@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,web,agents]'
+	$(BIN)/pip install -q -e '.[dev,web,agents,mcp-clients]'
 	touch $(STAMP)
 
 venv: $(STAMP)

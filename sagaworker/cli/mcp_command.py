@@ -28,7 +28,8 @@ __all__ = ["mcp"]
 @click.option("--tool", "tools", multiple=True, metavar="NAME",
               help="serve only this tool (repeatable; default: every @sw.tool of the app)")
 @click.option("--wait", type=click.FloatRange(0, 600), default=3.0, show_default=True,
-              help="seconds a call waits for its step's outcome before it answers RUNNING")
+              help="seconds a call waits for its step's outcome before it answers RUNNING "
+              "(a task, to a client that declared the MCP tasks extension)")
 @click.option("--new-token", "new_token", default=None, metavar="NAME",
               help="print a new bearer token for client NAME and its SAGAWORKER_MCP_TOKENS "
               "entry, then exit")
@@ -65,7 +66,9 @@ def mcp(c: Ctx, http: str | None, tools: tuple[str, ...], wait: float,
     server = sw_mcp.SagaServer(sw, tools=tools, wait=wait,
                                principal="stdio" if address is None else "loopback")
     _logging(sw)
-    served = f"{len(server.catalogue.tools)} tool(s) of {app_name(c.app)}"
+    served = f"{len(server.catalogue.tools)} tool(s) of {app_name(c.app)}" + (
+        "" if server.tasks is not None else
+        " (no MCP tasks: they need SAGAWORKER_APPROVAL_SECRET, which keys their ids)")
     if address is None:
         click.echo(f"sagaworker mcp: {served} over stdio", err=True)
         anyio.run(sw_mcp.serve_stdio, server)

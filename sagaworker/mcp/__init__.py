@@ -9,6 +9,8 @@ run the steps.
 The way a call goes: ``catalogue`` (what is listed, arguments checked) → ``access`` (who
 calls, whose saga) → ``calls`` / ``saga_tools`` (journal, wait) → ``outcomes`` (the journal
 as MCP results) → ``server`` (the SDK's low-level ``Server``) → ``transport`` (stdio, HTTP).
+``tasks``: the tasks extension, a call's task read from the journal, for a client that
+declares it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ while it waits when the client asked for them. What it answers is ``outcomes``'.
   call answers the journaled step's outcome and journals nothing.
 - A cancelled request or a closed transport cancels nothing: the step's journal write and
   publish finish (shielded), and the step goes on; ``saga_status`` shows its outcome.
+- A client that declared the tasks extension gets a task (``tasks``) where the answer would
+  be PENDING_APPROVAL or RUNNING.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .._producer.saga import Saga, Step
 from . import outcomes
 from .access import Owners
 from .catalogue import SAGA_ID, Catalogue, McpTool
+from .tasks import Tasks, declared
 
 __all__ = ["CALL_ID", "PROGRESS_EVERY", "ToolCalls"]
 
@@ -44,12 +47,16 @@ log = get_logger()
 class ToolCalls:
     """Calls of the app's tools, each a step of the saga it names."""
 
-    def __init__(self, sw: Any, catalogue: Catalogue, owners: Owners, wait: float) -> None:
+    def __init__(self, sw: Any, catalogue: Catalogue, owners: Owners, wait: float,
+                 tasks: Tasks | None = None) -> None:
         self.sw, self.catalogue, self.owners, self.wait = sw, catalogue, owners, wait
         self.redaction = Redaction.of(sw)
+        #: the tasks extension, when the server serves it
+        self.tasks = tasks
 
     async def call(self, ctx: Any, tool: McpTool, arguments: dict[str, Any],
-                   meta: dict[str, Any] | None, caller: str) -> types.CallToolResult:
+                   meta: dict[str, Any] | None, caller: str
+                   ) -> types.CallToolResult | dict[str, Any]:
         given = dict(arguments)
         saga_id = given.pop(SAGA_ID, None)
         if not isinstance(saga_id, str) or not saga_id:
@@ -68,7 +75,7 @@ class ToolCalls:
                 step = await self._journal(saga, tool, call_id, args, kwargs)
         except SagaworkerError as exc:  # nothing was journaled: the model may correct it
             return outcomes.refused(str(exc))
-        return await self.outcome(ctx, saga, tool, step, started + self.wait)
+        return await self.outcome(ctx, saga, tool, step, started + self.wait, caller)
 
     async def _journal(self, saga: Saga, tool: McpTool, call_id: str | None,
                        args: list[Any], kwargs: dict[str, Any]) -> Step:
@@ -78,9 +85,13 @@ class ToolCalls:
         return (await offload(saga.enqueue_many, [(tool.spec.name, args, kwargs)]))[0]
 
     async def outcome(self, ctx: Any, saga: Saga, tool: McpTool, step: Step,
-                      deadline: float) -> types.CallToolResult:
-        """What the step came to within the wait (one of the four outcomes)."""
+                      deadline: float, caller: str) -> types.CallToolResult | dict[str, Any]:
+        """What the step came to within the wait (one of the four outcomes), or a task
+        instead of PENDING_APPROVAL or RUNNING for a client that declared the extension."""
+        tasks = self.tasks if self.tasks is not None and declared(ctx) else None
         if tool.spec.gated and await step.aphase() is Phase.AWAITING_APPROVAL:
+            if tasks is not None:
+                return tasks.created(caller, saga.saga_id, step.seq, tool.name, gate=True)
             rec = await self.sw.ainspect(saga.saga_id)
             return outcomes.pending(saga.saga_id, step.seq, tool.name, rec.deadline_at)
         try:
@@ -89,6 +100,8 @@ class ToolCalls:
             return outcomes.failed(await self._settled(saga, deadline), step.seq,
                                    self.catalogue.label)
         except TimeoutError:
+            if tasks is not None:
+                return tasks.created(caller, saga.saga_id, step.seq, tool.name, gate=False)
             return outcomes.running(saga.saga_id, step.seq, tool.name)
         if self.redaction.keys:  # the result as people see it: read back, redacted
             rec = self.redaction.record(await self.sw.ainspect(saga.saga_id))

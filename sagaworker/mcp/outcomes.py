@@ -10,6 +10,10 @@ model reads right:
   outside the conversation; check ``saga_status`` later;
 - ``RUNNING``: no outcome within the wait; the step goes on; check ``saga_status``.
 
+The last three carry their text in ``structuredContent["message"]`` too: a host that hands
+the model the structured content alone (Pydantic AI does, whenever a result has one) still
+tells it what was undone, or that the step has not run, and not to call it again.
+
 A refusal (``isError``) journals nothing: the model may correct itself.
 """
 
@@ -26,7 +30,7 @@ from .._base.jsonable import plain
 from .._base.types import EntryRecord, Phase, SagaRecord, SagaStatus
 
 __all__ = ["Label", "begun", "compensations", "executed", "failed", "failing", "pending",
-           "refused", "running", "saga_result", "status_of", "unknown"]
+           "refused", "running", "saga_result", "status_of", "undone", "unknown"]
 
 #: a journaled tool's name as the model knows it
 Label = Callable[[str], str]
@@ -35,13 +39,15 @@ _NO_RETRY = ("Do not retry it, nor call other tools in this saga: the saga takes
              "steps. To try the task again, begin a new saga (saga_begin).")
 
 
-def _result(text: str, structured: dict[str, Any], *, error: bool = False
-            ) -> types.CallToolResult:
+def _result(text: str, structured: dict[str, Any], *, error: bool = False,
+            told: bool = False) -> types.CallToolResult:
+    """The text, then the structured content as JSON; ``told``: the structured content
+    holds the text as well (``message``; the JSON after the text leaves it out)."""
     data = plain(structured)
     body = json.dumps(data, default=str, ensure_ascii=False)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=f"{text}\n{body}")],
-        structured_content=data, is_error=error)
+        structured_content={**data, "message": text} if told else data, is_error=error)
 
 
 def refused(reason: str) -> types.CallToolResult:
@@ -84,7 +90,7 @@ def pending(saga_id: str, seq: int, tool: str, expires_at: datetime | None
         "conversation; neither you nor the user can approve it here. Do not call it again: "
         "check saga_status later to learn whether it ran or was rejected." + until,
         {"status": "PENDING_APPROVAL", "saga_id": saga_id, "seq": seq, "tool": tool,
-         "expires_at": expires_at})
+         "expires_at": expires_at}, told=True)
 
 
 def running(saga_id: str, seq: int, tool: str) -> types.CallToolResult:
@@ -92,7 +98,7 @@ def running(saga_id: str, seq: int, tool: str) -> types.CallToolResult:
         f"{tool} was handed to the workers (step {seq} of saga {saga_id}) and has no outcome "
         "yet (RUNNING). It goes on without you: do not call it again; check saga_status for "
         "its outcome.",
-        {"status": "RUNNING", "saga_id": saga_id, "seq": seq, "tool": tool})
+        {"status": "RUNNING", "saga_id": saga_id, "seq": seq, "tool": tool}, told=True)
 
 
 def failed(rec: SagaRecord, seq: int, label: Label) -> types.CallToolResult:
@@ -105,7 +111,8 @@ def failed(rec: SagaRecord, seq: int, label: Label) -> types.CallToolResult:
         f"{tool} FAILED (step {seq} of saga {rec.saga_id}): {error}. The saga failed with "
         f"it and undoes every step that ran, latest first: {_undone(undos)}. {_NO_RETRY}",
         {"status": "FAILED", "saga_id": rec.saga_id, "seq": seq, "tool": tool,
-         "error": error, "saga_status": rec.status, "compensations": undos}, error=True)
+         "error": error, "saga_status": rec.status, "compensations": undos}, error=True,
+        told=True)
 
 
 def _error_of(e: EntryRecord) -> str:
@@ -114,7 +121,14 @@ def _error_of(e: EntryRecord) -> str:
                 f"{e.rejection_reason or 'no reason given'}")
     if e.phase is Phase.CANCELLED:
         return "it was cancelled before it ran: its saga was already failing"
+    if e.phase is Phase.AWAITING_APPROVAL:
+        return "it never ran: its saga failed while it waited at its approval gate"
     return e.error or "failed"
+
+
+def undone(rec: SagaRecord, label: Label) -> str:
+    """What a failing saga undid so far, as a clause."""
+    return _undone(compensations(rec, label))
 
 
 def _undone(undos: list[dict[str, Any]]) -> str:

@@ -1,7 +1,9 @@
 """The MCP server: the SDK's low-level ``Server`` with sagaworker's handlers.
 
 ``tools/list`` answers the catalogue; ``tools/call`` hands an app tool's call to
-:class:`~.calls.ToolCalls` and a saga tool's to :class:`~.saga_tools.SagaTools`. The
+:class:`~.calls.ToolCalls` and a saga tool's to :class:`~.saga_tools.SagaTools`;
+``tasks/*`` (the tasks extension, for a client that declares it) go to
+:class:`~.tasks.Tasks`. The
 handlers only call the public producer side (``begin``, ``enqueue``, ``inspect``,
 ``abort``, results read from the journal): the workers run the steps, and the server can
 be killed and restarted at any time.
@@ -23,6 +25,7 @@ from .access import Owners, principal
 from .calls import ToolCalls
 from .catalogue import Catalogue
 from .saga_tools import SagaTools
+from .tasks import Tasks
 
 __all__ = ["INSTRUCTIONS", "SagaServer"]
 
@@ -59,22 +62,34 @@ class SagaServer:
         self.sw = sw
         self.catalogue = Catalogue.of(sw.registry.tools, tools)
         owners = Owners(sw)
-        self.calls = ToolCalls(sw, self.catalogue, owners, wait)
+        #: the tasks extension (io.modelcontextprotocol/tasks): served when the app has an
+        #: approval secret, which keys the task ids
+        self.tasks = Tasks.of(sw, self.catalogue, owners)
+        self.calls = ToolCalls(sw, self.catalogue, owners, wait, self.tasks)
         self.saga_tools = SagaTools(sw, self.catalogue, owners, wait)
         #: the caller when the request carries no token (stdio; HTTP without tokens)
         self.default_principal = principal
 
     def server(self) -> Server[Any]:
-        return Server("sagaworker", version=_version(), instructions=INSTRUCTIONS,
-                      on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        low: Server[Any] = Server("sagaworker", version=_version(), instructions=INSTRUCTIONS,
+                                  on_list_tools=self.list_tools)
+        # registered as a plain handler: a call answers a tool result, or a task
+        low.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
+        if self.tasks is not None:
+            self.tasks.install(low, self.caller)
+        return low
+
+    def caller(self) -> str:
+        """The principal of the request being handled."""
+        return principal(self.default_principal)
 
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self.catalogue.definitions())
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams
-                        ) -> types.CallToolResult:
-        caller = principal(self.default_principal)
+                        ) -> types.CallToolResult | dict[str, Any]:
+        caller = self.caller()
         arguments = dict(params.arguments or {})
         name = params.name
         try:

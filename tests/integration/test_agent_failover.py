@@ -49,6 +49,7 @@ def holder(c: Cluster, key: str) -> int:
     return int(row.worker.rpartition("|")[2])
 
 
+@pytest.mark.one_broker
 def test_a_killed_workers_request_is_resent_within_20_s(defaults: Cluster) -> None:
     c, key = defaults, uid("fo")
     saga = c.sw.start(key, durable_trip, key, slow=True)

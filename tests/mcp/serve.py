@@ -1,8 +1,10 @@
 """Running `sagaworker -A tests.apps.cluster mcp` as its own process for the tests, over
-stdio (the SDK's client spawns it) or Streamable HTTP (started here, its port awaited)."""
+stdio (the SDK's client or FastMCP's spawns it) or Streamable HTTP (started here, its port
+awaited). FastMCP's client declares the tasks extension (fastmcp-tasks, imported here)."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import subprocess
 import sys
@@ -11,6 +13,9 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import fastmcp
+import fastmcp_tasks  # noqa: F401 - FastMCP's clients declare the tasks extension
+from fastmcp.client.transports import StdioTransport
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -20,6 +25,10 @@ from tests.conftest import ROOT, Cluster, wait_for, worker_env
 
 COMMAND = [sys.executable, "-m", "sagaworker.cli", "-A", "tests.apps.cluster", "mcp"]
 CALL_ID = "dev.sagaworker/call_id"
+#: two clients' bearer tokens, and SAGAWORKER_MCP_TOKENS naming them alice and bob
+ALICE, BOB = "swmcp_alice-token", "swmcp_bob-token"
+TOKENS = ",".join(f"{name}:{hashlib.sha256(token.encode()).hexdigest()}"
+                  for name, token in (("alice", ALICE), ("bob", BOB)))
 
 
 def env(c: Cluster, **extra: str) -> dict[str, str]:
@@ -37,6 +46,24 @@ async def stdio(c: Cluster, *args: str, mode: str = "auto", log: Path | None = N
     with path.open("a") as errlog:
         async with Client(stdio_client(params, errlog=errlog), mode=mode) as client:
             yield client
+
+
+def stdio_transport(c: Cluster, *args: str, log: Path | None = None,
+                    **extra: str) -> StdioTransport:
+    """FastMCP's transport to a server process of its own (its stderr in ``log``), ended
+    when the client closes."""
+    return StdioTransport(COMMAND[0], [*COMMAND[1:], *args], env=env(c, **extra),
+                          cwd=str(ROOT), keep_alive=False,
+                          log_file=log or c.tmp / "mcp-stdio.log")
+
+
+@asynccontextmanager
+async def fastmcp_stdio(c: Cluster, *args: str, log: Path | None = None,
+                        **extra: str) -> AsyncIterator[fastmcp.Client[Any]]:
+    """FastMCP's client of a server process of its own, over stdio."""
+    async with fastmcp.Client(stdio_transport(c, *args, log=log, **extra),
+                              timeout=120) as client:
+        yield client
 
 
 def free_port() -> int:
@@ -89,7 +116,8 @@ async def http(url: str, token: str | None = None, mode: str = "auto"
             yield client
 
 
-async def begin(client: Client, purpose: str = "a trip") -> str:
+async def begin(client: Client | fastmcp.Client[Any], purpose: str = "a trip") -> str:
     r = await client.call_tool("saga_begin", {"purpose": purpose})
     assert not r.is_error, r.content
+    assert r.structured_content is not None
     return str(r.structured_content["saga_id"])

@@ -3,7 +3,6 @@ loopback, and with SAGAWORKER_MCP_TOKENS, each saga bound to the client that beg
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import urllib.error
@@ -15,13 +14,10 @@ import pytest
 
 from sagaworker import Phase, SagaStatus
 from tests.conftest import Cluster, uid, wait_for
-from tests.mcp.serve import begin, http, http_server
+from tests.mcp.serve import ALICE, BOB, TOKENS, begin, http, http_server
 
 pytestmark = pytest.mark.services
 
-ALICE, BOB = "swmcp_alice-token", "swmcp_bob-token"
-TOKENS = ",".join(f"{name}:{hashlib.sha256(token.encode()).hexdigest()}"
-                  for name, token in (("alice", ALICE), ("bob", BOB)))
 
 
 def door(url: str, token: str | None) -> int:

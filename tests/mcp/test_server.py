@@ -16,10 +16,8 @@ import pytest
 from mcp import Client
 
 from sagaworker import (
-    CompensationContext,
     ConfigurationError,
     Phase,
-    Reversibility,
     SagaStatus,
     Sagaworker,
 )
@@ -28,40 +26,6 @@ from tests.conftest import ROOT
 
 CALL_ID = "dev.sagaworker/call_id"
 MODES = ("legacy", "auto")
-
-
-@pytest.fixture
-def sw(sqlite_sw: Sagaworker) -> Sagaworker:
-    """A trip's three tools: a hotel (undo: cancel), a card charge (undo: refund, idempotent),
-    a voucher mail (IRREVERSIBLE: gated)."""
-    s = sqlite_sw
-
-    @s.tool(compensable_by="cancel_hotel")
-    def book_hotel(key: str, city: str, nights: int = 1) -> dict[str, Any]:
-        """Book a hotel room in a city for a number of nights."""
-        return {"booking": f"H-{city}"}
-
-    @s.compensation
-    def cancel_hotel(ctx: CompensationContext) -> None:
-        """Cancel the booking."""
-
-    @s.tool(compensable_by="refund_card", reversibility=Reversibility.REVERSIBLE,
-            idempotent=True)
-    def charge_card(key: str, card: str, amount_cents: int) -> str:
-        """Charge a card."""
-        return "charged"
-
-    @s.compensation
-    def refund_card(ctx: CompensationContext) -> None:
-        """Refund it."""
-
-    @s.tool(reversibility=Reversibility.IRREVERSIBLE)
-    def send_voucher(key: str, email: str) -> str:
-        """Mail the trip's voucher to a customer (cannot be unsent)."""
-        return "sent"
-
-    s.create_schema()
-    return s
 
 
 def run(server: SagaServer, mode: str, body: Callable[[Client], Awaitable[Any]]) -> Any:
@@ -116,7 +80,7 @@ def test_tools_are_listed_truthfully(sw: Sagaworker, mode: str) -> None:
 def test_tool_option_serves_the_named_tools_only(sw: Sagaworker) -> None:
     """--tool NAME (the function's name or the task's) limits the list; a name the app does
     not have is a ConfigurationError naming the tools it has."""
-    server = SagaServer(sw, tools=["book_hotel", "tests.mcp.test_server.send_voucher"])
+    server = SagaServer(sw, tools=["book_hotel", "tests.mcp.conftest.send_voucher"])
     assert set(server.catalogue.tools) == {"book_hotel", "send_voucher"}
     with pytest.raises(ConfigurationError, match="book_hotel, charge_card, send_voucher"):
         SagaServer(sw, tools=["book_plane"])
@@ -207,9 +171,10 @@ def test_a_gate_has_not_run_and_says_so(sw: Sagaworker, mode: str) -> None:
     saga_id, (first, again, commit) = run(SagaServer(sw, wait=0.2), mode, body)
     for r in (first, again):
         assert not r.is_error
-        assert r.structured_content == {"status": "PENDING_APPROVAL", "saga_id": saga_id,
-                                        "seq": 1, "tool": "send_voucher", "expires_at": None}
         text = r.content[0].text
+        assert r.structured_content == {"status": "PENDING_APPROVAL", "saga_id": saga_id,
+                                        "seq": 1, "tool": "send_voucher", "expires_at": None,
+                                        "message": text.split("\n")[0]}
         assert "has NOT run" in text and "operator" in text and "saga_status" in text
     assert not commit.is_error and commit.structured_content["status"] == "AWAITING_APPROVAL"
     assert "Not committed yet" in commit.content[0].text
@@ -236,9 +201,10 @@ def test_a_step_without_an_outcome_within_the_wait_is_running(sw: Sagaworker) ->
     saga_id, results = run(SagaServer(sw, wait=1.5), "legacy", body)
     for r in results:
         assert not r.is_error
+        text = r.content[0].text
         assert r.structured_content == {"status": "RUNNING", "saga_id": saga_id, "seq": 1,
-                                        "tool": "charge_card"}
-        assert "do not call it again" in r.content[0].text
+                                        "tool": "charge_card", "message": text.split("\n")[0]}
+        assert "do not call it again" in text
     assert entries(sw, saga_id) == [(1, "charge_card", Phase.INTENT)]
     assert seen and seen[0][1] == 1.5 and "step 1 (charge_card)" in str(seen[0][2])
 

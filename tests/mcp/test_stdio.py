@@ -80,6 +80,7 @@ def test_a_failed_call_undoes_what_ran_once_and_says_what(cluster: Cluster) -> N
     assert got["compensations"] == [{"seq": 1, "tool": "book_hotel", "phase": "COMPENSATED"}]
     text = declined.content[0].text
     assert "book_hotel (step 1) COMPENSATED" in text and "Do not retry" in text
+    assert got["message"] == text.split("\n")[0]
     assert again.is_error and again.structured_content["status"] == "REFUSED"
     rec = cluster.sw.inspect(saga_id)
     assert rec.status is SagaStatus.COMPENSATED and len(rec.entries) == 2
@@ -205,7 +206,8 @@ def test_a_slow_step_answers_running_with_progress_and_a_closed_transport_stops_
     saga_id, slow = anyio.run(body)
     assert not slow.is_error
     assert slow.structured_content == {"status": "RUNNING", "saga_id": saga_id, "seq": 1,
-                                       "tool": "step"}
+                                       "tool": "step",
+                                       "message": slow.content[0].text.split("\n")[0]}
     assert len(seen) >= 2 and all("step 1 (step) has no outcome yet" in str(m) for m in seen)
     wait_for(lambda: [s[2] for s in steps(cluster, saga_id)] == [Phase.EXECUTED] * 2, 60,
              "both steps to run")
