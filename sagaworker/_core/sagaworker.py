@@ -266,7 +266,7 @@ class Sagaworker(AsyncTwins):
         tx = None if connection is None else AppTx(self.journal.engine, connection)
         # traced: the saga's start span, whose context is journaled with it
         with tracing.span("saga begin", root=True, saga_id=saga_id) as s:
-            self.journal.create_saga(saga_id, dict(metadata or {}),
+            self.machine.create_saga(saga_id, dict(metadata or {}),
                                      deadline=_deadline(deadline), tx=tx,
                                      trace_context=s.carrier)
         return Saga(self.rt, self.producer, saga_id, s.carrier)

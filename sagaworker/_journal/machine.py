@@ -1,7 +1,8 @@
 """The state machine: every move of the lifecycle table (``lifecycle.MOVES``) performed
 as one guarded compare-and-set transaction by one function that names its row
-(``@performs``): a saga's moves in ``saga_moves``, a step's in ``step_moves``, a gate's
-in ``gate_moves``, an undo's in ``undo_moves``.
+(``@performs``): a saga's moves in ``saga_moves``, a step's in ``step_moves`` (its first
+row, journaled by its producer, in ``intent_moves``), a gate's in ``gate_moves``, an undo's
+in ``undo_moves``.
 
 Rules every move keeps (``docs/design.md`` says why):
 - it locks the saga row first, then entry rows (the one lock order: no deadlocks), except
@@ -23,6 +24,7 @@ Rules every move keeps (``docs/design.md`` says why):
 from __future__ import annotations
 
 from .gate_moves import GateMoves
+from .intent_moves import IntentMoves
 from .moves_base import (
     Claim,
     Executed,
@@ -41,5 +43,5 @@ __all__ = ["Claim", "Executed", "Held", "Machine", "Start", "UndoClaim", "UndoSt
            "new_token", "worker_label"]
 
 
-class Machine(SagaMoves, StepMoves, GateMoves, UndoMoves):
+class Machine(SagaMoves, IntentMoves, StepMoves, GateMoves, UndoMoves):
     """Every move that changes a status, a phase, an attempt or an undo try."""

@@ -12,7 +12,7 @@ Failures keep the journal's rules: a connection error becomes SQLAlchemy's
 ``OperationalError`` (so ``_journal.retrying`` replays a worker's move, which is a
 compare-and-set recognised by its token), the broken connection is discarded with the
 pool's others (after a PostgreSQL restart they are all stale), and an INTENT whose reply
-was lost is recognised by its task id before it is sent again (``Journal.add_entries``).
+was lost is recognised by its task id before it is sent again (``Machine.add_entries``).
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
            place: Place | None = None) -> tuple[int, bool] | None:
     """One step's INTENT (AWAITING_APPROVAL when gated) and the saga's seq bump: (seq,
     claimed), or None when the saga takes no new steps. ``expect``/``seen``: a flow's
-    replay (``Journal.add_entries``); ``claim`` (token, worker, lease): an eager step,
+    replay (``Machine.add_entries``); ``claim`` (token, worker, lease): an eager step,
     claimed in the same statement (``claimed``) unless the saga's deadline passed.
     ``place``: the values sealed for that nonce (None too when it is not the saga's)."""
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT

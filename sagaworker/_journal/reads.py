@@ -1,6 +1,5 @@
-"""The journal's reads (a saga, its entries, lists for the dashboard and the sweeper, the
-one read behind every waiting ``aresult``), and a step journaled once per caller's call id
-(an agent's tool call)."""
+"""The journal's reads: a saga, its entries, lists for the dashboard and the sweeper, the
+one read behind every waiting ``aresult``."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select
-from sqlalchemy.exc import IntegrityError
 
 from .._base.canonical import unstorable
 from .._base.errors import BadInput, SagaNotFound
@@ -83,29 +81,9 @@ _NEAR = (select(entries).where(
 
 
 class JournalReads:
-    """Part of ``Journal``: its reads, and the write an outside caller's call id needs."""
+    """Part of ``Journal``: its reads."""
 
     reader: Engine
-
-    def add_entries(self, saga_id: str, new: Sequence[NewEntry], *,
-                    expect_seq: int | None = None, seen: int | None = None) -> list[int]:
-        raise NotImplementedError
-
-    def add_call(self, saga_id: str, e: NewEntry) -> tuple[Any, bool]:
-        """Journal ``e`` unless the saga holds a step with its ``call_id`` already:
-        ``(row, False)`` for that step, else ``(seq, True)``. Two callers racing with one
-        id: the unique index lets one insert, the other reads its step."""
-        assert e.call_id is not None
-        found = self.call_row(saga_id, e.call_id)
-        if found is not None:
-            return found, False
-        try:
-            return self.add_entries(saga_id, [e])[0], True
-        except IntegrityError:
-            found = self.call_row(saga_id, e.call_id)
-            if found is None:
-                raise
-            return found, False
 
     def saga_row(self, saga_id: str) -> Any:
         lookup_id(saga_id)

@@ -1,16 +1,20 @@
-"""A saga's moves: asked to fail, aborted, past its deadline, compensating, completed.
-Each is one guarded transaction on the saga row (locked first)."""
+"""A saga's moves: begun, asked to fail, aborted, past its deadline, compensating,
+completed. Each is one guarded transaction on the saga row (locked first)."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from .._base.crypto import Placed
+from .._base.errors import SagaExists
 from .._base.types import OPEN, Phase, SagaStatus
 from . import pgfast as _pgfast
-from .dialect import db_now
+from .app_tx import AppTx
+from .dialect import db_later, db_now
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,
@@ -20,13 +24,41 @@ from .moves_base import (
 )
 from .reads import lookup_id
 from .repository import retrying
-from .schema import audit, entries
+from .schema import audit, entries, sagas
 
 __all__ = ["SagaMoves"]
 
 
 class SagaMoves(MoveBase):
     """The moves of a saga's status."""
+
+    @performs("saga", "begin")
+    def create_saga(self, saga_id: str, meta: dict[str, Any], *,
+                    deadline: float | None = None, flow: str | None = None,
+                    flow_args: list[Any] | None = None,
+                    flow_kwargs: dict[str, Any] | None = None, tx: AppTx | None = None,
+                    trace_context: str | None = None) -> None:
+        # every stamp is the database's clock (a deadline too: a producer whose clock is
+        # behind would otherwise give its saga more time, or less)
+        traced = {} if trace_context is None else {"trace_context": trace_context}
+        # sealed values are sealed for this saga's own nonce: a saga id used again after
+        # a prune seals for another one (and a clear value in this saga is refused)
+        nonce = secrets.token_hex(16) if self.j.keyed else None
+        at = (saga_id, nonce)
+        try:
+            (tx.run if tx else self.j.write)(lambda conn: conn.execute(insert(sagas).values(
+                saga_id=saga_id, status=SagaStatus.RUNNING.value, place_nonce=nonce,
+                metadata=Placed(meta, at),
+                created_at=db_now(), updated_at=db_now(), last_seq=0, exec_counter=0,
+                deadline_at=None if deadline is None else db_later(deadline),
+                flow=flow, flow_args=Placed(flow_args, at),
+                flow_kwargs=Placed(flow_kwargs, at), **traced)))
+            self.j.note_nonce(saga_id, nonce)
+        except IntegrityError as exc:
+            raise SagaExists(
+                f"saga {saga_id!r} already exists; pick a new id, or use sw.get({saga_id!r}) "
+                "to carry on the existing one"
+            ) from exc
 
     @retrying
     def request_failure(self, saga_id: str, reason: str) -> SagaStatus:

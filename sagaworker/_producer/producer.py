@@ -130,7 +130,7 @@ class Producer:
     def _journal(self, saga_id: str, new: list[NewEntry], expect_seq: int | None,
                  seen: int | None, tx: AppTx | None, spans: list[tracing.Spanned] | None
                  ) -> list[tuple[int, NewEntry]]:
-        seqs = self.rt.journal.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen,
+        seqs = self.rt.machine.add_entries(saga_id, new, expect_seq=expect_seq, seen=seen,
                                            tx=tx)
         if not seqs:  # a flow's replay that found the journal moved on: nothing journaled
             return []
@@ -163,7 +163,7 @@ class Producer:
                           saga_id=saga_id, tool=new.tool_name) as s:
             if s.carrier is not None:
                 new = dataclasses.replace(new, trace_context=s.carrier)
-            found, created = self.rt.journal.add_call(saga_id, new)
+            found, created = self.rt.machine.add_call(saga_id, new)
             if created:
                 s.set("seq", found)
                 self._announce(saga_id, found, new)

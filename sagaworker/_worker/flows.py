@@ -153,7 +153,7 @@ class Flows:
                    self.rt.settings.max_args_bytes)
         with tracing.span("saga start", root=True, saga_id=saga_id,
                           flow=spec.name) as s:
-            self.rt.journal.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
+            self.rt.machine.create_saga(saga_id, dict(metadata or {}), deadline=deadline,
                                         flow=spec.name, flow_args=list(args),
                                         flow_kwargs=dict(kwargs), tx=tx,
                                         trace_context=s.carrier)

@@ -365,7 +365,7 @@ def test_an_eager_claim_whose_reply_is_lost_while_the_database_is_away_stays_cla
     claim = Claiming("tok-eager", "w1", 30.0)
     e = NewEntry(tool_name="t.charge", args=[5], kwargs={}, args_digest=args_digest([5], {}),
                  queue=None, task_id=uid("task"), gated=False, held=True, claim=claim)
-    assert sw.journal.add_entries(saga_id, [e]) == [1]
+    assert sw.machine.add_entries(saga_id, [e]) == [1]
     assert len(calls) > 4, "the database was never away: the test proves nothing"
     assert claim.done, "the claim that committed was not recognised by its token"
     with sw.journal.engine.connect() as conn:

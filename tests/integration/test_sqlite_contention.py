@@ -197,6 +197,14 @@ def _short_timeout_journal(path: Path) -> Any:
     return journal
 
 
+def _machine(journal: Any) -> Any:
+    """The moves over that journal (a saga is begun by one)."""
+    from sagaworker._base.settings import Settings
+    from sagaworker._journal.machine import Machine
+
+    return Machine(journal, Settings())
+
+
 def test_a_busy_producer_write_is_replayed(tmp_path: Path) -> None:
     """Another process holds the write lock past the busy timeout: the producer's write
     is replayed on a short backoff and lands once."""
@@ -208,7 +216,7 @@ def test_a_busy_producer_write_is_replayed(tmp_path: Path) -> None:
     release = threading.Timer(0.6, holder.execute, args=("COMMIT",))
     release.start()
     t = time.monotonic()
-    journal.create_saga("busy-1", {})
+    _machine(journal).create_saga("busy-1", {})
     release.join()
     assert time.monotonic() - t >= 0.5
     assert journal.saga_row("busy-1") is not None
@@ -230,7 +238,7 @@ def test_a_busy_write_gives_up_after_a_few_seconds(tmp_path: Path,
     holder.execute("BEGIN IMMEDIATE")
     t = time.monotonic()
     with pytest.raises(OperationalError, match="locked"):
-        journal.create_saga("never", {})
+        _machine(journal).create_saga("never", {})
     assert 0.4 < time.monotonic() - t < 3
     holder.execute("ROLLBACK")
     holder.close()

@@ -31,7 +31,7 @@ COPIED = ("sagaworker", "tests/__init__.py", "tests/conftest.py", "tests/statema
           "pyproject.toml")
 STEP, UNDO, SAGA = ("sagaworker/_journal/step_moves.py", "sagaworker/_journal/undo_moves.py",
                     "sagaworker/_journal/saga_moves.py")
-PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/repository.py"
+PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/intent_moves.py"
 GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
 REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"

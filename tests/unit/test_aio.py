@@ -91,13 +91,13 @@ def test_the_blocking_parts_run_on_sagaworkers_own_pool(sqlite_sw: Sagaworker) -
     thing = unpublished(sqlite_sw)
     var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
     seen: list[tuple[str, str]] = []
-    real = sqlite_sw.journal.create_saga
+    real = sqlite_sw.machine.create_saga
 
     def spy(*a: Any, **k: Any) -> Any:
         seen.append((threading.current_thread().name, var.get("-")))
         return real(*a, **k)
 
-    sqlite_sw.journal.create_saga = spy  # type: ignore[method-assign]
+    sqlite_sw.machine.create_saga = spy  # type: ignore[method-assign]
 
     async def main() -> int:
         var.set("req-7")
