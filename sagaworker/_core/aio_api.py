@@ -11,7 +11,7 @@ from .._producer.aio import offload
 from .._producer.saga import Saga, in_app_tx
 
 if TYPE_CHECKING:
-    from .._journal.runtime import Runtime
+    from .._runtime import Runtime
 
 __all__ = ["AsyncTwins"]
 

@@ -15,12 +15,12 @@ from celery.exceptions import Reject
 from .._base.canonical import unstorable
 from .._base.settings import Settings
 from .._journal.retention import prune
-from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.process import active_values
 from .._observe.sanitize import celery_safe
 from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
+from .._runtime import Runtime
 from .._worker.execution import Executor
 from .._worker.flows import Flows
 

@@ -18,12 +18,12 @@ from .._base.errors import ConfigurationError
 from .._base.registry import Registry
 from .._base.settings import Settings
 from .._journal.readiness import keys_changed
-from .._journal.runtime import Runtime
 from .._observe import process as _process
 from .._observe import redact as _redact
 from .._observe.logging import configure_logging, get_logger
 from .._observe.records import Redaction
 from .._recovery.sweeper import Sweeper
+from .._runtime import Runtime
 from .._worker.execution import Executor
 from .celery_config import DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, CeleryConfig
 from .celery_consumer import DeadLetterUndecodable

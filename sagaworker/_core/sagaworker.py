@@ -31,10 +31,9 @@ from .._base.types import (
 )
 from .._broker.messages import CeleryBus
 from .._journal.app_tx import AppTx, split_connection
-from .._journal.machine import Machine
 from .._journal.repository import Journal
 from .._journal.retention import prune
-from .._journal.runtime import Runtime
+from .._machine.machine import Machine
 from .._observe import tracing
 from .._observe.logging import ensure_structlog, get_logger
 from .._producer.approvals import Gate
@@ -42,6 +41,7 @@ from .._producer.producer import Producer
 from .._producer.saga import Saga, SyncSaga, run_sync
 from .._recovery.compensation import Compensator
 from .._recovery.sweeper import Sweeper
+from .._runtime import Runtime
 from .._worker.execution import Executor, ToolTask
 from .._worker.flows import Flows
 from .aio_api import AsyncTwins

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 from .._base.awaiting import POOL_SIZE, Offload, offload
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
-from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
+from .._runtime import Runtime
 
 __all__ = ["POOL_SIZE", "Hub", "Offload", "WaitEnded", "hub_of", "offload", "wait_for"]
 

@@ -12,13 +12,13 @@ from .._base.canonical import args_digest, check_text, storable
 from .._base.errors import ApprovalInvalid, BadInput, ConfigurationError
 from .._base.types import OPEN, OPEN_VALUES, ApprovalRequest, Phase, SagaStatus
 from .._journal.dialect import aware, db_now
-from .._journal.moves_base import new_token
 from .._journal.raw_rows import opened, raw_select, why_unreadable
 from .._journal.readiness import check_approval_secrets
-from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
+from .._machine.moves_base import new_token
 from .._observe import tracing
 from .._observe.logging import get_logger
+from .._runtime import Runtime
 from .deadlines import deadline_passed
 from .signer import Signer, signer_for
 

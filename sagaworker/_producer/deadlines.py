@@ -4,8 +4,8 @@ whichever found it (the sweeper, a claim, an approval), and the failure sent."""
 from __future__ import annotations
 
 from .._journal.dialect import aware
-from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
+from .._runtime import Runtime
 
 __all__ = ["deadline_passed"]
 

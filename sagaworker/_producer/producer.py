@@ -23,13 +23,13 @@ from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, Phase
 from .._base.units import CallFor, Unit, is_unit, unit_input
 from .._journal.app_tx import AppTx
-from .._journal.machine import new_token, worker_label
 from .._journal.reads import Claiming
 from .._journal.repository import NewEntry
-from .._journal.runtime import Runtime
+from .._machine.machine import new_token, worker_label
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import redact_call
+from .._runtime import Runtime
 from .approvals import signer_for
 
 __all__ = ["Hold", "Producer"]

@@ -16,9 +16,9 @@ from .._base.errors import (
 from .._base.types import TERMINAL, Phase, SagaResult, SagaStatus
 from .._journal.app_tx import AppTx, is_async_app_connection, split_connection
 from .._journal.notify import FIRST_DELAY, MAX_DELAY, SAFETY_POLL, Wake
-from .._journal.runtime import Runtime
 from .._observe import tracing
 from .._observe.redact import exception_text, secret_values
+from .._runtime import Runtime
 from . import aio
 from .producer import Producer
 

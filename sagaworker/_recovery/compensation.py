@@ -16,12 +16,12 @@ import structlog
 from .._base.awaiting import settle
 from .._base.types import CompensationContext, OutcomeResult, SagaStatus
 from .._base.units import FUNCTION_TOOL, MODEL_REQUEST, is_unit, unit_kind
-from .._journal.machine import Held, UndoClaim, UndoState, new_token
 from .._journal.rows import idempotency_key
-from .._journal.runtime import Runtime
+from .._machine.machine import Held, UndoClaim, UndoState, new_token
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import error_text
+from .._runtime import Runtime
 from .._worker.execution import Heartbeat
 
 __all__ = ["Compensator", "current_compensation"]

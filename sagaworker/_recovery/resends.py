@@ -13,8 +13,8 @@ from sqlalchemy import Table, or_, update
 
 from .._journal.dialect import db_later, db_now
 from .._journal.raw_rows import raw_select
-from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
+from .._runtime import Runtime
 
 __all__ = ["MAX_BACKOFF", "Resends"]
 

@@ -21,10 +21,10 @@ from .._base.units import is_unit
 from .._journal.dialect import aware, db_now
 from .._journal.raw_rows import opened, why_unreadable
 from .._journal.rows import entry_record
-from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
 from .._observe import tracing
 from .._observe.logging import get_logger
+from .._runtime import Runtime
 from .resends import MAX_BACKOFF, Resends
 
 #: an agent's model request's entry (``_base.units``: unit:<agent>__model.request...)

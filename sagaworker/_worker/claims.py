@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from .._base.types import OPEN, SagaStatus
-from .._journal.machine import Claim, Start
-from .._journal.runtime import Runtime
+from .._machine.machine import Claim, Start
 from .._observe.logging import get_logger
 from .._producer.deadlines import deadline_passed
+from .._runtime import Runtime
 
 __all__ = ["after_outcome", "not_run"]
 

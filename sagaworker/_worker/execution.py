@@ -17,13 +17,13 @@ from .._base.canonical import unheld_result
 from .._base.errors import BadInput
 from .._base.registry import ToolSpec
 from .._base.types import ENVELOPE, SagaStatus
-from .._journal.machine import Claim, Held, Start, new_token, worker_label
 from .._journal.rows import idempotency_key
-from .._journal.runtime import Runtime
+from .._machine.machine import Claim, Held, Start, new_token, worker_label
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import call_reprs, error_text, secret_values
 from .._observe.sanitize import celery_safe, is_sanitized, sanitized
+from .._runtime import Runtime
 from .claims import after_outcome, not_run
 from .eager import Advance, Eager, EagerRetry
 from .failures import Failures

@@ -7,9 +7,9 @@ from typing import Any
 
 from .._base.registry import ToolSpec
 from .._base.types import SagaStatus
-from .._journal.runtime import Runtime
 from .._observe.logging import get_logger
 from .._observe.redact import error_text
+from .._runtime import Runtime
 
 __all__ = ["Failures"]
 

@@ -33,15 +33,15 @@ from .._base.errors import (
 from .._base.patches import PatchMarker
 from .._base.types import OPEN, Phase, SagaStatus
 from .._journal.app_tx import AppTx
-from .._journal.divergence import held, release
 from .._journal.reads import NewEntry
-from .._journal.runtime import Runtime
+from .._machine.divergence import held, release
 from .._observe import process as _process
 from .._observe import tracing
 from .._observe.logging import get_logger
 from .._observe.redact import scrub_text, secret_values
 from .._producer.producer import Hold, Producer
 from .._producer.saga import saga_secrets
+from .._runtime import Runtime
 from .reach import reaches
 from .replay import FlowContext, FlowHandle, FlowSpec, Replay, replay
 

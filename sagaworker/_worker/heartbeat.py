@@ -6,9 +6,9 @@ import os
 import threading
 import time
 
-from .._journal.machine import Held
-from .._journal.runtime import Runtime
+from .._machine.machine import Held
 from .._observe.logging import get_logger
+from .._runtime import Runtime
 
 __all__ = ["Heartbeat"]
 

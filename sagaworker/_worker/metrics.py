@@ -32,8 +32,8 @@ from .._base.patches import PATCH_PREFIX
 from .._base.settings import metrics_exposure_problem
 from .._base.types import Phase, SagaStatus
 from .._journal.dialect import db_later, seconds_between
-from .._journal.runtime import Runtime
 from .._journal.schema import entries, sagas
+from .._runtime import Runtime
 
 __all__ = ["JournalCollector", "serve_metrics"]
 

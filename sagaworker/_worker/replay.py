@@ -22,8 +22,8 @@ from .._base.errors import ApprovalRejected, ToolFailed
 from .._base.patches import PatchMarker, patch_id
 from .._base.types import Phase
 from .._base.units import MODEL_REQUEST, Unit, unit_input, unit_kind
-from .._journal.runtime import Runtime
 from .._producer.producer import Producer
+from .._runtime import Runtime
 from .shown import describe, show_call
 from .signals import _Diverged, _Suspend
 from .units import Units

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._base.patches import patch_id
-from .._journal.runtime import Runtime
 from .._observe.redact import redact_call
+from .._runtime import Runtime
 
 __all__ = ["describe", "show_call"]
 

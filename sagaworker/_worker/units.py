@@ -21,7 +21,7 @@ from .._base.canonical import unheld_result
 from .._base.errors import ToolFailed
 from .._base.types import Phase
 from .._base.units import MODEL_REQUEST, Unit, unit_kind
-from .._journal.moves_base import Start, new_token, worker_label
+from .._machine.moves_base import Start, new_token, worker_label
 from .._observe.logging import get_logger
 from .._observe.process import scrub_active
 from .._producer.producer import Producer

@@ -9,9 +9,9 @@ from .._base.canonical import args_digest
 from .._base.errors import ConfigurationError, SealedElsewhere
 from .._base.registry import ToolSpec
 from .._journal.raw_rows import opened
-from .._journal.runtime import Runtime
 from .._journal.schema import entries
 from .._producer.signer import signer_for
+from .._runtime import Runtime
 
 __all__ = ["verify"]
 

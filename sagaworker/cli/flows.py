@@ -70,7 +70,7 @@ def resume(c: Ctx, saga_id: str) -> None:
     """Replay a held (diverged) flow again with the code the workers run now (after a
     fixed deploy or a rollback). If it still diverges it stays held, logged again only
     if the divergence changed."""
-    from .._journal.divergence import resume_held
+    from .._machine.divergence import resume_held
 
     sw = c.sw
     row = resume_held(sw.journal, saga_id)

@@ -11,9 +11,9 @@ from celery import Celery
 from sqlalchemy import update
 
 from sagaworker import Sagaworker
-from sagaworker._journal.machine import Start
 from sagaworker._journal.repository import now
 from sagaworker._journal.schema import entries
+from sagaworker._machine.machine import Start
 from tests.conftest import uid, wait_for
 
 pytestmark = pytest.mark.services

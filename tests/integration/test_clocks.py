@@ -28,8 +28,8 @@ from sagaworker import (
     Settings,
 )
 from sagaworker._journal.dialect import aware, db_later, db_now
-from sagaworker._journal.machine import Start
 from sagaworker._journal.schema import entries, sagas
+from sagaworker._machine.machine import Start
 from tests.conftest import TEST_SECRET
 
 _M = "tests.integration.test_clocks"

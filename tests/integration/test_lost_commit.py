@@ -23,8 +23,8 @@ from structlog.testing import capture_logs
 
 from sagaworker import ApprovalInvalid, CompensationContext, Reversibility, SagaStatus, Sagaworker
 from sagaworker._journal.dialect import db_later
-from sagaworker._journal.machine import Start, UndoClaim
 from sagaworker._journal.schema import audit, entries, sagas
+from sagaworker._machine.machine import Start, UndoClaim
 from tests.integration.test_clocks import ON_BOTH, journal_only
 
 _M = "tests.integration.test_lost_commit"

@@ -387,7 +387,7 @@ def test_the_one_call_undo_claims_nothing_while_something_holds_the_chain(
     from sqlalchemy import update as sa_update
 
     from sagaworker._base.types import OutcomeResult
-    from sagaworker._journal.machine import UndoClaim
+    from sagaworker._machine.machine import UndoClaim
 
     sw, _ = proxied
     saga_id = _executed_saga(sw, 3)

@@ -200,7 +200,7 @@ def _short_timeout_journal(path: Path) -> Any:
 def _machine(journal: Any) -> Any:
     """The moves over that journal (a saga is begun by one)."""
     from sagaworker._base.settings import Settings
-    from sagaworker._journal.machine import Machine
+    from sagaworker._machine.machine import Machine
 
     return Machine(journal, Settings())
 

@@ -1,6 +1,6 @@
 """A model checker for the journal's state machine.
 
-Hypothesis drives the REAL moves (``sagaworker._journal.machine.Machine``, the producer, the gate,
+Hypothesis drives the REAL moves (``sagaworker._machine.machine.Machine``, the producer, the gate,
 the flows' replay, the sweeper, the executor's and the chain's reports) against a real
 database through interleavings of: delivery, duplicate delivery, a lost message, a worker
 dying before its claim / after it / after the effect / before the outcome commits, a
@@ -48,8 +48,8 @@ from sagaworker import (
 from sagaworker._base.types import OPEN, TERMINAL, OutcomeResult, Phase
 from sagaworker._base.units import is_unit
 from sagaworker._journal.dialect import db_later, db_now
-from sagaworker._journal.machine import Start, UndoClaim, UndoState, new_token
 from sagaworker._journal.schema import entries, sagas
+from sagaworker._machine.machine import Start, UndoClaim, UndoState, new_token
 from sagaworker._worker.replay import replay as replay_flow
 from tests.statemachine.agents import AgentMoves
 from tests.statemachine.world import (

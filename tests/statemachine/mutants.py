@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 #: what a copy holds: the library, the model checker and what pytest needs to run it
 COPIED = ("sagaworker", "tests/__init__.py", "tests/conftest.py", "tests/statemachine",
           "pyproject.toml")
-STEP, UNDO, SAGA = ("sagaworker/_journal/step_moves.py", "sagaworker/_journal/undo_moves.py",
-                    "sagaworker/_journal/saga_moves.py")
-PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_journal/intent_moves.py"
+STEP, UNDO, SAGA = ("sagaworker/_machine/step_moves.py", "sagaworker/_machine/undo_moves.py",
+                    "sagaworker/_machine/saga_moves.py")
+PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_machine/intent_moves.py"
 GATE = "sagaworker/_producer/approvals.py"
-GATE_MOVES, MOVES_BASE = "sagaworker/_journal/gate_moves.py", "sagaworker/_journal/moves_base.py"
+GATE_MOVES, MOVES_BASE = "sagaworker/_machine/gate_moves.py", "sagaworker/_machine/moves_base.py"
 REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"
 SWEEPER = "sagaworker/_recovery/sweeper.py"
 

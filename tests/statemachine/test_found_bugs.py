@@ -35,8 +35,8 @@ def test_a_late_attempt_found_in_doubt_is_not_told_it_failed_the_step(tmp_path: 
     from sqlalchemy import update
 
     from sagaworker._journal.dialect import db_later
-    from sagaworker._journal.machine import Start
     from sagaworker._journal.schema import entries
+    from sagaworker._machine.machine import Start
 
     sw = build(f"sqlite:///{tmp_path / 'late.db'}")
     sw.rt.bus = RecordingBus(["s-1"])

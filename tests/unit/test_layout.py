@@ -16,8 +16,10 @@ PKG = Path(__file__).resolve().parents[2] / "sagaworker"
 FLOORS: list[set[str]] = [
     {"_base"},            # errors, types, settings, canonical JSON, crypto, the registry
     {"_observe"},         # logging and redaction: every part may log
-    {"_journal"},         # schema, dialects, the lifecycle table and every move on it
+    {"_journal"},         # the store: schema, dialects, the repository, its operations
+    {"_machine"},         # the lifecycle table and every move on it, with their SQL
     {"_broker"},          # what crosses the broker: messages, transports
+    {"_runtime"},         # what the parts share: the journal, its machine, the bus
     {"_producer"},        # what a producer does: begin, enqueue, start, approve
     {"_worker"},          # what a worker does: run a step, advance a flow
     {"_recovery"},        # compensation, the sweeper
@@ -106,7 +108,7 @@ def test_imports_point_down_the_floors() -> None:
 def test_the_floor_guard_sees_subpackages() -> None:
     """The guard reads relative imports inside subpackages (a broken guard passes all)."""
     graph = _imports()
-    assert "sagaworker._journal.schema" in graph["sagaworker._journal.step_moves"]
+    assert "sagaworker._journal.schema" in graph["sagaworker._machine.step_moves"]
     assert "sagaworker._base.errors" in graph["sagaworker._producer.producer"]
     assert _floor(_part_of("sagaworker._recovery.sweeper")) > _floor(
         _part_of("sagaworker._worker.flows"))
@@ -163,7 +165,7 @@ def test_the_lifecycle_lives_in_one_table() -> None:
     has, and every state but the start is reached by some move and left by some move
     unless it is terminal."""
     from sagaworker import OutcomeResult, Phase, SagaStatus
-    from sagaworker._journal import lifecycle as lc
+    from sagaworker._machine import lifecycle as lc
 
     states = {
         "saga": {lc.NEW, "FAILING", *SagaStatus.__members__},
@@ -187,7 +189,7 @@ def test_the_lifecycle_lives_in_one_table() -> None:
 
 def test_reliability_doc_draws_the_table() -> None:
     """docs/reliability.md shows the diagrams the lifecycle table draws, as they are now."""
-    from sagaworker._journal.lifecycle import mermaid
+    from sagaworker._machine.lifecycle import mermaid
 
     doc = (PKG.parent / "docs" / "reliability.md").read_text()
     for machine in ("saga", "step", "undo"):
@@ -196,7 +198,7 @@ def test_reliability_doc_draws_the_table() -> None:
 
 def test_design_doc_lists_every_move_with_its_guard() -> None:
     """docs/design.md's table of moves is the lifecycle table as it is now."""
-    from sagaworker._journal.lifecycle import MOVES
+    from sagaworker._machine.lifecycle import MOVES
 
     doc = (PKG.parent / "docs" / "design.md").read_text()
     for m in MOVES:
@@ -225,7 +227,7 @@ def _performers() -> dict[tuple[str, str], list[str]]:
     import importlib
 
     found: dict[tuple[str, str], list[str]] = {}
-    for path in (PKG / "_journal").glob("*.py"):
+    for path in (PKG / "_machine").glob("*.py"):
         mod = importlib.import_module(_module(path))
         for obj in vars(mod).values():
             members = vars(obj).items() if isinstance(obj, type) else [("", obj)]
@@ -240,7 +242,7 @@ def _performers() -> dict[tuple[str, str], list[str]]:
 def test_every_move_of_the_table_is_performed_by_a_named_function() -> None:
     """Each row of the lifecycle table has the function that performs it, and no function
     names a move the table does not have (``performs`` raises at import for those)."""
-    from sagaworker._journal.lifecycle import MOVES
+    from sagaworker._machine.lifecycle import MOVES
 
     performed = _performers()
     missing = [f"{m.machine}.{m.name}" for m in MOVES if (m.machine, m.name) not in performed]
@@ -293,7 +295,8 @@ def test_no_host_clock_is_written_to_the_journal() -> None:
     host's ``now()`` / ``datetime.now()`` outside ``repository.now`` itself (which is
     for people to read)."""
     wrong = []
-    for path in [*(PKG / "_journal").glob("*.py"), *(PKG / "_recovery").glob("*.py")]:
+    for path in [*(PKG / "_journal").glob("*.py"), *(PKG / "_machine").glob("*.py"),
+                 *(PKG / "_recovery").glob("*.py")]:
         tree = parse(path.read_text())
         allowed = {id(n) for f in ast.walk(tree)
                    if isinstance(f, ast.FunctionDef) and f.name == "now" for n in ast.walk(f)}

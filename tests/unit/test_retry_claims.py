@@ -11,8 +11,8 @@ from sqlalchemy import update
 
 from sagaworker import Sagaworker
 from sagaworker._journal.dialect import db_later
-from sagaworker._journal.machine import Start
 from sagaworker._journal.schema import entries
+from sagaworker._machine.machine import Start
 from tests.conftest import uid
 
 

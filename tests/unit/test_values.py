@@ -131,7 +131,7 @@ def test_an_unjournalable_result_asks_the_saga_to_fail_in_the_same_move(
     """EXECUTED with ``result is not JSON`` and the failure request commit together: a
     worker lost between them cannot leave the effect live with nobody told (the sweeper
     sends a failure request it finds)."""
-    from sagaworker._journal.machine import new_token
+    from sagaworker._machine.machine import new_token
 
     sw = _sw(tmp_path)
 

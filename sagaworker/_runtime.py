@@ -1,6 +1,10 @@
 """What the parts of sagaworker share: settings, the registry, the journal, the state
 machine and the message bus. ``_core`` assembles one; every part is handed it, so no part
-imports another's owner (no import circles)."""
+imports another's owner (no import circles).
+
+Neither the store nor a move: it makes the journal (``_journal``) and the machine over it
+(``_machine``), so it stands on a floor of its own above both, and below every part it is
+handed to (the producer, the worker, recovery)."""
 
 from __future__ import annotations
 
@@ -9,15 +13,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from .._base.crypto import Cipher, attach, cipher_of
-from .._base.errors import ConfigurationError, JournalUnavailable
-from .._base.registry import Registry
-from .._base.settings import Settings
-from .dialect import make_engine
-from .machine import Machine
-from .readiness import check_journal, check_keys, unreachable
-from .repository import Journal
-from .urls import masked, scrubbed
+from ._base.crypto import Cipher, attach, cipher_of
+from ._base.errors import ConfigurationError, JournalUnavailable
+from ._base.registry import Registry
+from ._base.settings import Settings
+from ._journal.dialect import make_engine
+from ._journal.readiness import check_journal, check_keys, unreachable
+from ._journal.repository import Journal
+from ._journal.urls import masked, scrubbed
+from ._machine.machine import Machine
 
 __all__ = ["Bus", "Runtime"]
 

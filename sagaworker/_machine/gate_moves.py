@@ -11,11 +11,11 @@ from sqlalchemy import select
 from .._base import digests
 from .._base.crypto import cipher_for
 from .._base.types import Phase, SagaStatus
-from .dialect import db_now
+from .._journal.dialect import db_now
+from .._journal.repository import retrying
+from .._journal.schema import entries
 from .lifecycle import move, performs
 from .moves_base import MoveBase
-from .repository import retrying
-from .schema import entries
 
 __all__ = ["GateMoves"]
 

@@ -15,10 +15,10 @@ from sqlalchemy import select
 
 from .._base.settings import Settings
 from .._base.types import OPEN, OPEN_VALUES, Phase, SagaStatus
-from .dialect import db_now
+from .._journal.dialect import db_now
+from .._journal.repository import Journal
+from .._journal.schema import entries, sagas
 from .lifecycle import move, performs
-from .repository import Journal
-from .schema import entries, sagas
 
 __all__ = ["Claim", "Executed", "Held", "MoveBase", "Start", "UndoClaim", "UndoState",
            "new_token", "worker_label"]

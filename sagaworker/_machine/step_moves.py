@@ -11,8 +11,11 @@ from sqlalchemy import func, or_, select, update
 
 from .._base.crypto import Placed
 from .._base.types import OPEN, Phase, SagaStatus
-from . import pgfast as _pgfast
-from .dialect import db_later, db_now, seconds_between
+from .._journal import pgfast as _pgfast
+from .._journal.dialect import db_later, db_now, seconds_between
+from .._journal.raw_rows import raw_columns
+from .._journal.repository import retrying
+from .._journal.schema import entries, sagas
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTE,
@@ -26,9 +29,6 @@ from .moves_base import (
     Start,
     _alive,
 )
-from .raw_rows import raw_columns
-from .repository import retrying
-from .schema import entries, sagas
 
 __all__ = ["Released", "StepMoves"]
 

@@ -15,14 +15,14 @@ from .._base.crypto import Placed
 from .._base.errors import SagaNotFound, SagaworkerError
 from .._base.patches import MARKER_DETAIL
 from .._base.types import OPEN_VALUES, OutcomeResult, Phase, SagaStatus
-from . import pgfast as _pgfast
-from .app_tx import AppTx
-from .dialect import db_now
+from .._journal import pgfast as _pgfast
+from .._journal.app_tx import AppTx
+from .._journal.dialect import db_now
+from .._journal.reads import NewEntry
+from .._journal.repository import retrying
+from .._journal.schema import entries, sagas
 from .lifecycle import performs
 from .moves_base import MoveBase
-from .reads import NewEntry
-from .repository import retrying
-from .schema import entries, sagas
 
 __all__ = ["IntentMoves"]
 

@@ -12,9 +12,12 @@ from sqlalchemy.exc import IntegrityError
 from .._base.crypto import Placed
 from .._base.errors import SagaExists
 from .._base.types import OPEN, Phase, SagaStatus
-from . import pgfast as _pgfast
-from .app_tx import AppTx
-from .dialect import db_later, db_now
+from .._journal import pgfast as _pgfast
+from .._journal.app_tx import AppTx
+from .._journal.dialect import db_later, db_now
+from .._journal.reads import lookup_id
+from .._journal.repository import retrying
+from .._journal.schema import audit, entries, sagas
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,
@@ -22,9 +25,6 @@ from .moves_base import (
     MoveBase,
     new_token,
 )
-from .reads import lookup_id
-from .repository import retrying
-from .schema import audit, entries, sagas
 
 __all__ = ["SagaMoves"]
 

@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from .._base.types import OPEN_VALUES
-from .dialect import db_now
-from .repository import Journal
-from .schema import sagas
+from .._journal.dialect import db_now
+from .._journal.repository import Journal
+from .._journal.schema import sagas
 
 __all__ = ["held", "release", "resume_held"]
 

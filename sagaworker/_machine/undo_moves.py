@@ -10,8 +10,11 @@ from sqlalchemy import and_, or_, select, update
 
 from .._base.canonical import storable
 from .._base.types import OutcomeResult, SagaStatus
-from . import pgfast as _pgfast
-from .dialect import db_later, db_now
+from .._journal import pgfast as _pgfast
+from .._journal.dialect import db_later, db_now
+from .._journal.raw_rows import opened_unless_elsewhere, raw_columns
+from .._journal.repository import retrying
+from .._journal.schema import entries, sagas
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,
@@ -22,9 +25,6 @@ from .moves_base import (
     _alive,
     worker_label,
 )
-from .raw_rows import opened_unless_elsewhere, raw_columns
-from .repository import retrying
-from .schema import entries, sagas
 
 __all__ = ["UndoMoves"]
 
