@@ -4,7 +4,7 @@ what a single journal statement costs the client (CPU) and the caller (wall) in 
 * SQLAlchemy ``engine.begin()`` with the statement built per call (the step path before
   2026-12-03; three round trips: BEGIN, the statement, COMMIT);
 * ``exec_driver_sql`` on a connection in autocommit (one round trip, SQLAlchemy's execution);
-* the driver's connection from the pool in autocommit (``sagaworker/_journal/pgfast.py``);
+* the driver's connection from the pool in autocommit (``sagaworker/_journal/pgconn.py``);
 * the driver's pipeline mode (BEGIN, statement, COMMIT in one network round trip).
 """
 

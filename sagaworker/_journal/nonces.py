@@ -1,12 +1,12 @@
 """Part of ``Journal``: each saga's nonce, the place its values are sealed for on a journal
 with keys (``sagas.place_nonce``), as this process last read it.
 
-A one-statement write (``pgfast``: an INTENT, an EXECUTED, a flow's completion) seals its
-values before the statement runs, so it must know the saga's nonce first: remembered from
-the saga's creation, its claims and its locked reads, read once otherwise. A nonce never
-changes; a saga id used again after a prune has another one: every such statement writes
-only while the nonce it sealed for is still the saga's (else it misses, and the locked
-path, which reads it, writes).
+A one-statement write (``_machine.pgfast``: an INTENT, an EXECUTED, a flow's completion)
+seals its values before the statement runs, so it must know the saga's nonce first:
+remembered from the saga's creation, its claims and its locked reads, read once otherwise.
+A nonce never changes; a saga id used again after a prune has another one: every such
+statement writes only while the nonce it sealed for is still the saga's (else it misses,
+and the locked path, which reads it, writes).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, select
 
 from .._base.crypto import cipher_for
-from . import pgfast as _pgfast
+from . import pgconn
 from .schema import sagas
 
 __all__ = ["SagaNonces"]
@@ -40,10 +40,10 @@ class SagaNonces:
                     select(sagas.c.place_nonce).where(sagas.c.saga_id == saga_id)).scalar())
         return self._nonces.get(saga_id)
 
-    def place(self, saga_id: str) -> _pgfast.Place | None:
+    def place(self, saga_id: str) -> pgconn.Place | None:
         """What a one-statement write seals values for on a journal with keys (the saga's
         nonce as this process knows it: the statement checks it still is); else None."""
-        return _pgfast.Place(self.nonce_of(saga_id)) if self.keyed else None
+        return pgconn.Place(self.nonce_of(saga_id)) if self.keyed else None
 
     def note_nonce(self, saga_id: str, nonce: str | None) -> None:
         if len(self._nonces) >= _MAX:

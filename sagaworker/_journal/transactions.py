@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from .._observe.logging import get_logger
-from . import pgfast as _pgfast
+from . import pgconn
 from .dialect import is_busy
 
 __all__ = ["BUSY_RETRY_SECONDS", "DB_RETRY_SECONDS", "retrying", "write"]
@@ -61,7 +61,7 @@ def write(engine: Engine, body: Callable[[Connection], _T],
     another writer held the lock past the busy timeout) on a short backoff, for at
     most :data:`BUSY_RETRY_SECONDS`. Nothing was written in either case. A failure
     *during* COMMIT is never replayed (an insert whose commit landed would journal a
-    step twice): once the server is done with the transaction (``_pgfast.settle``),
+    step twice): once the server is done with the transaction (``pgconn.settle``),
     ``landed`` tells from the data whether it committed, and then what it wrote is the
     answer, as if the reply had come; otherwise the error propagates.
     """
@@ -79,7 +79,7 @@ def write(engine: Engine, body: Callable[[Connection], _T],
                     trans.rollback()
                     raise
                 committing = True
-                pid = _pgfast.backend_pid(conn)
+                pid = pgconn.backend_pid(conn)
                 trans.commit()
                 return value
         except (OperationalError, InterfaceError) as exc:
@@ -87,7 +87,7 @@ def write(engine: Engine, body: Callable[[Connection], _T],
                 if landed is None:
                     raise
                 setattr(exc, "sagaworker_backend_pid", pid)  # noqa: B010 (for settle)
-                _pgfast.settle(engine, exc)
+                pgconn.settle(engine, exc)
                 found = landed()
                 if found is None:
                     raise

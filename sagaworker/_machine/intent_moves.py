@@ -15,12 +15,13 @@ from .._base.crypto import Placed
 from .._base.errors import SagaNotFound, SagaworkerError
 from .._base.patches import MARKER_DETAIL
 from .._base.types import OPEN_VALUES, OutcomeResult, Phase, SagaStatus
-from .._journal import pgfast as _pgfast
+from .._journal import pgconn
 from .._journal.app_tx import AppTx
 from .._journal.dialect import db_now
 from .._journal.reads import NewEntry
 from .._journal.repository import retrying
 from .._journal.schema import entries, sagas
+from . import pgfast as _pgfast
 from .lifecycle import performs
 from .moves_base import MoveBase
 
@@ -111,7 +112,7 @@ class IntentMoves(MoveBase):
         the journal is still what it read (else None); an eager step's claimed with it.
 
         A lost connection leaves it unknown whether the statement committed: once its
-        server process is done with it (``_pgfast.settle``), the entry's task id (new for
+        server process is done with it (``pgconn.settle``), the entry's task id (new for
         every enqueue) tells, and the statement is sent again only when no entry carries
         it. So a step is never journaled twice, and a stale connection
         (a PostgreSQL restart) costs a retry, not an error.
@@ -157,7 +158,7 @@ class IntentMoves(MoveBase):
                        ) -> tuple[int, str | None] | None:
         """Whether the INTENT statement whose reply ``exc`` lost committed: its seq and
         claim token, once its server process is done with it."""
-        _pgfast.settle(self.j.engine, exc)
+        pgconn.settle(self.j.engine, exc)
         return _pgfast.intent_seq(self.j.engine, saga_id, task_id)
 
     def add_call(self, saga_id: str, e: NewEntry) -> tuple[Any, bool]:

@@ -12,12 +12,12 @@ from sqlalchemy.exc import IntegrityError
 from .._base.crypto import Placed
 from .._base.errors import SagaExists
 from .._base.types import OPEN, Phase, SagaStatus
-from .._journal import pgfast as _pgfast
 from .._journal.app_tx import AppTx
 from .._journal.dialect import db_later, db_now
 from .._journal.reads import lookup_id
 from .._journal.repository import retrying
 from .._journal.schema import audit, entries, sagas
+from . import pgfast as _pgfast
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,

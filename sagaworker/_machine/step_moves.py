@@ -11,11 +11,11 @@ from sqlalchemy import func, or_, select, update
 
 from .._base.crypto import Placed
 from .._base.types import OPEN, Phase, SagaStatus
-from .._journal import pgfast as _pgfast
 from .._journal.dialect import db_later, db_now, seconds_between
 from .._journal.raw_rows import raw_columns
 from .._journal.repository import retrying
 from .._journal.schema import entries, sagas
+from . import pgfast as _pgfast
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTE,

@@ -10,11 +10,11 @@ from sqlalchemy import and_, or_, select, update
 
 from .._base.canonical import storable
 from .._base.types import OutcomeResult, SagaStatus
-from .._journal import pgfast as _pgfast
 from .._journal.dialect import db_later, db_now
 from .._journal.raw_rows import opened_unless_elsewhere, raw_columns
 from .._journal.repository import retrying
 from .._journal.schema import entries, sagas
+from . import pgfast as _pgfast
 from .lifecycle import move, performs
 from .moves_base import (
     _EXECUTED,

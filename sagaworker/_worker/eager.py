@@ -29,9 +29,9 @@ from celery._state import _task_stack  # what celery.current_task reads
 from kombu.utils.json import dumps, loads
 
 from .._base.registry import ToolSpec
-from .._journal.pgfast import Claimed
 from .._journal.reads import NewEntry
 from .._machine.machine import Claim, Start
+from .._machine.pgfast import Claimed
 from .._observe import process as _process
 from .._observe.logging import get_logger
 from .._runtime import Runtime

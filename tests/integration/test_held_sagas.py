@@ -1,5 +1,5 @@
 """A saga held on a divergence (README, "Changing a flow") runs nothing, on SQLite (the
-SQLAlchemy claim) and PostgreSQL (the one-statement claim of ``_journal.pgfast``) alike:
+SQLAlchemy claim) and PostgreSQL (the one-statement claim of ``_machine.pgfast``) alike:
 its gate is not offered nor approved, a claim of any of its steps (approved, or not gated)
 is refused and changes nothing, and the sweeper sends none of its steps until the hold is
 released.

@@ -22,8 +22,9 @@ from sqlalchemy.exc import OperationalError
 from sagaworker import Sagaworker
 from sagaworker._base.canonical import args_digest
 from sagaworker._base.types import Reversibility
-from sagaworker._journal import pgfast as _pgfast
+from sagaworker._journal import pgconn
 from sagaworker._journal.schema import entries, sagas
+from sagaworker._machine import pgfast as _pgfast
 from sagaworker._worker.verify import verify
 from tests.conftest import uid
 
@@ -180,7 +181,7 @@ def test_a_failed_statement_quotes_none_of_its_parameters(pg_url: str) -> None:
     card = "4000123412341234"
     engine = make_engine(pg_url)
     with pytest.raises(ProgrammingError) as err:
-        _pgfast._run(engine, "SELECT 1 FROM nowhere WHERE x = %(card)s", {"card": card})
+        pgconn.run(engine, "SELECT 1 FROM nowhere WHERE x = %(card)s", {"card": card})
     assert "nowhere" in str(err.value) and card not in str(err.value)
     engine.dispose()
 
@@ -202,7 +203,7 @@ def test_a_statement_interrupted_midway_never_returns_its_connection_to_the_pool
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(_Interrupted):
-            _pgfast._run(engine, "SELECT pg_sleep(2)", {})
+            pgconn.run(engine, "SELECT pg_sleep(2)", {})
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -213,7 +214,7 @@ def test_a_statement_interrupted_midway_never_returns_its_connection_to_the_pool
         assert pg.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     finally:
         raw.close()
-    assert _pgfast._run(engine, "SELECT 41 + %(n)s", {"n": 1}) == (42,)
+    assert pgconn.run(engine, "SELECT 41 + %(n)s", {"n": 1}) == (42,)
     engine.dispose()
 
 
@@ -349,7 +350,7 @@ def test_an_eager_claim_whose_reply_is_lost_while_the_database_is_away_stays_cla
     sw = Sagaworker(Celery("pgfast", broker="memory://"), database_url=pg_url)
     saga_id = uid("eager-lost")
     sw.begin(saga_id)
-    real = _pgfast._run
+    real = pgconn.run
     calls: list[str] = []
 
     def flaky(engine: Any, sql: str, params: dict[str, Any]) -> Any:
@@ -361,7 +362,7 @@ def test_an_eager_claim_whose_reply_is_lost_while_the_database_is_away_stays_cla
             raise OperationalError(sql, {}, Exception("connection refused"))
         return real(engine, sql, params)
 
-    monkeypatch.setattr(_pgfast, "_run", flaky)
+    monkeypatch.setattr(pgconn, "run", flaky)
     claim = Claiming("tok-eager", "w1", 30.0)
     e = NewEntry(tool_name="t.charge", args=[5], kwargs={}, args_digest=args_digest([5], {}),
                  queue=None, task_id=uid("task"), gated=False, held=True, claim=claim)

@@ -95,14 +95,14 @@ def test_the_server_process_is_known_on_a_direct_connection(pg_url: str) -> None
     check says nothing, and the lost-statement wait watches that process."""
     from sqlalchemy import text
 
-    from sagaworker._journal import pgfast
+    from sagaworker._journal import pgconn
     from sagaworker._journal.dialect import make_engine
 
     engine = make_engine(pg_url)
     try:
         with engine.connect() as conn:
             assert conn.connection.info["sagaworker_pooled"] is False
-            assert pgfast.backend_pid(conn) == conn.execute(
+            assert pgconn.backend_pid(conn) == conn.execute(
                 text("SELECT pg_backend_pid()")).scalar()
     finally:
         engine.dispose()

@@ -31,7 +31,7 @@ COPIED = ("sagaworker", "tests/__init__.py", "tests/conftest.py", "tests/statema
           "pyproject.toml")
 STEP, UNDO, SAGA = ("sagaworker/_machine/step_moves.py", "sagaworker/_machine/undo_moves.py",
                     "sagaworker/_machine/saga_moves.py")
-PGFAST, REPO = "sagaworker/_journal/pgfast.py", "sagaworker/_machine/intent_moves.py"
+PGFAST, REPO = "sagaworker/_machine/pgfast.py", "sagaworker/_machine/intent_moves.py"
 GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_machine/gate_moves.py", "sagaworker/_machine/moves_base.py"
 REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"

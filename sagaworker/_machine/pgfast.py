@@ -3,38 +3,32 @@
 INTENT (the producer), the claim and EXECUTED (the worker) are each a single statement: a
 compare-and-set (the claim, EXECUTED) or a data-modifying CTE (INTENT bumps the saga's seq
 and inserts the entry). A single statement is atomic by itself, so it runs in autocommit
-on the driver's connection, taken from the engine's pool: no ``BEGIN`` and ``COMMIT``
-round trips, and no SQL built or compiled per call. That is a third of the client CPU of
-the SQLAlchemy form and half its wall time (``python -m bench.costs``, docs/benchmarks.md).
-Everything else, and every path that is not the common case, stays in SQLAlchemy.
+on the driver's connection, taken from the engine's pool (``_journal.pgconn``): no
+``BEGIN`` and ``COMMIT`` round trips, and no SQL built or compiled per call. That is a
+third of the client CPU of the SQLAlchemy form and half its wall time
+(``python -m bench.costs``, docs/benchmarks.md). Everything else, and every path that is
+not the common case, stays in SQLAlchemy.
 
-Failures keep the journal's rules: a connection error becomes SQLAlchemy's
-``OperationalError`` (so ``_journal.retrying`` replays a worker's move, which is a
-compare-and-set recognised by its token), the broken connection is discarded with the
-pool's others (after a PostgreSQL restart they are all stale), and an INTENT whose reply
-was lost is recognised by its task id before it is sent again (``Machine.add_entries``).
+Failures keep the journal's rules (``pgconn``), and an INTENT whose reply was lost is
+recognised by its task id before it is sent again (``Machine.add_entries``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
 from typing import Any, NamedTuple
 
-import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, StatementError
 
 from .._base.crypto import Placed, SealedElsewhere, SealedJSON
 from .._base.types import OPEN, Phase
-from .dialect import POOLED
-from .schema import entries, sagas
+from .._journal import pgconn
+from .._journal.pgconn import Place, enabled
+from .._journal.schema import entries, sagas
 
-__all__ = ["Claimed", "Place", "UndoRow", "backend_pid", "claim", "complete", "enabled",
-           "executed", "intent", "intent_seq", "settle", "undo_next"]
+__all__ = ["Claimed", "UndoRow", "claim", "complete", "enabled", "executed", "intent",
+           "intent_seq", "undo_next"]
 
 _S, _E = sagas.name, entries.name
 _OPEN = ", ".join(f"'{s.value}'" for s in sorted(OPEN, key=lambda s: s.value))
@@ -51,12 +45,6 @@ class Claimed(NamedTuple):
     approved_digest: str | None = None
     trace_context: str | None = None  # the step's enqueue span's (tracing)
     place_nonce: str | None = None  # its saga's (``sagas.place_nonce``)
-
-
-class Place(NamedTuple):
-    """The saga's nonce a statement seals values for (a journal with keys)."""
-
-    nonce: str | None
 
 
 #: a statement sealing values for a saga's nonce writes only while it is the saga's
@@ -79,104 +67,6 @@ class UndoRow(NamedTuple):
     trace_context: str | None
     #: why its values cannot be read (sealed for another row: copied there with SQL)
     unreadable: str | None = None
-
-
-def enabled(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
-
-
-def _run(engine: Engine, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """One statement in autocommit; its first row."""
-    try:
-        raw = engine.raw_connection()
-    except psycopg.Error as exc:  # the pool does not translate a failed connect
-        raise _translated(engine, sql, params, exc, None) from exc
-    try:
-        pg: psycopg.Connection[Any] = raw.driver_connection  # type: ignore[assignment]
-        pid = None if raw.info.get(POOLED) else pg.info.backend_pid
-        try:
-            pg.autocommit = True
-            row = pg.execute(sql, params).fetchone()
-            pg.autocommit = False  # the pool hands out transactional connections
-            return row
-        except psycopg.Error as exc:
-            if pg.broken or pg.info.transaction_status != TransactionStatus.IDLE:
-                _discard(engine, raw, exc, stale=pg.broken)
-            else:
-                pg.autocommit = False  # a refused statement: the connection is fine
-            raise _translated(engine, sql, params, exc, pid) from exc
-        except BaseException:
-            # interrupted mid-statement (a soft time limit, a gevent timeout): the
-            # connection's state is unknown, so it never goes back to the pool
-            if pg.info.transaction_status != TransactionStatus.IDLE or pg.autocommit:
-                _discard(engine, raw, None, stale=False)
-            raise
-    finally:
-        raw.close()
-
-
-def _discard(engine: Engine, raw: Any, exc: BaseException | None, *, stale: bool) -> None:
-    """Throw this connection away; after a lost connection, the pool's older ones too
-    (what SQLAlchemy does on a disconnect: they are replaced lazily, at checkout)."""
-    invalidate_all = getattr(engine.pool, "_invalidate", None)
-    if stale and invalidate_all is not None:
-        invalidate_all(raw, exc)
-    else:
-        raw.invalidate(exc)
-
-
-def _translated(engine: Engine, sql: str, params: dict[str, Any], exc: psycopg.Error,
-                pid: int | None) -> StatementError:
-    # parameters hidden as on the engine: they are a tool's arguments and results
-    err = DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=engine.dialect,
-                              connection_invalidated=isinstance(exc, psycopg.OperationalError),
-                              hide_parameters=True)
-    err.sagaworker_backend_pid = pid  # type: ignore[attr-defined]
-    return err
-
-
-_ACTIVITY = "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s"
-_TERMINATE = "SELECT pg_terminate_backend(%(pid)s)"
-
-
-def backend_pid(conn: Any) -> int | None:
-    """The PostgreSQL server process of a SQLAlchemy connection (None elsewhere, and
-    behind a pooler, whose process ids are not the server's)."""
-    proxied = getattr(conn, "connection", None)
-    if getattr(proxied, "info", {}).get(POOLED):
-        return None
-    raw = getattr(proxied, "dbapi_connection", None)
-    info = getattr(raw, "info", None)
-    pid = getattr(info, "backend_pid", None)
-    return pid if isinstance(pid, int) else None
-
-
-def settle(engine: Engine, exc: BaseException, *, timeout: float = 10.0) -> None:
-    """After a statement's connection was lost, wait until its server process is done
-    with it, so that what it did is visible (or known not to happen).
-
-    A statement can outlive its client: waiting on a row lock when the socket dropped, it
-    may still commit later. Its backend is stopped (``pg_terminate_backend``: a statement
-    waiting or running is rolled back, a COMMIT under way completes) and awaited. Raises
-    TimeoutError when that backend does not go away.
-    """
-    pid = getattr(exc, "sagaworker_backend_pid", None)
-    if pid is None:
-        return
-    deadline = time.monotonic() + timeout
-    stopped = False
-    while True:
-        row = _run(engine, _ACTIVITY, {"pid": pid})
-        if row is None or row[0] != "active":
-            return
-        if not stopped:
-            stopped = True
-            with contextlib.suppress(DBAPIError):  # not allowed to: wait for it instead
-                _run(engine, _TERMINATE, {"pid": pid})
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"PostgreSQL backend {pid} still runs a statement whose "
-                               "connection was lost")
-        time.sleep(0.05)
 
 
 def _json(engine: Engine, column: str, value: Any, *at: Any) -> Jsonb:
@@ -212,9 +102,9 @@ def claim(engine: Engine, *, saga_id: str, seq: int, tool: str, token: str, work
     asked to fail, before its deadline; delivered by a Celery message counted ``retries``
     (None: no message), not a copy of an earlier retry, and its retry due. None: not the
     common case (the caller takes the locked path)."""
-    row = _run(engine, _CLAIM, {"lease": lease, "worker": worker, "token": token,
-                                "task_id": task_id, "saga": saga_id, "seq": seq,
-                                "tool": tool, "retries": retries})
+    row = pgconn.run(engine, _CLAIM, {"lease": lease, "worker": worker, "token": token,
+                                      "task_id": task_id, "saga": saga_id, "seq": seq,
+                                      "tool": tool, "retries": retries})
     return None if row is None else Claimed(int(row[0]), str(row[1]), trace_context=row[2],
                                             place_nonce=row[3])
 
@@ -246,7 +136,7 @@ def executed(engine: Engine, *, saga_id: str, seq: int, token: str, result: Any,
     execution order taken in the same statement. (status, flow), or None on a miss.
     ``place``: the result sealed for that nonce (a miss when it is not the saga's)."""
     nonce = None if place is None else place.nonce
-    row = _run(engine, _executed_sql(span_context is not None, place is not None), {
+    row = pgconn.run(engine, _executed_sql(span_context is not None, place is not None), {
         "saga": saga_id, "seq": seq, "token": token, "place": nonce,
         "result": _json(engine, "result", result, saga_id, seq, nonce), "ms": duration_ms,
         "span": span_context})
@@ -304,8 +194,9 @@ def intent(engine: Engine, *, saga_id: str, tool: str, args: list[Any],
     phase = Phase.AWAITING_APPROVAL.value if gated else _INTENT
     token, worker, lease = claim or (None, None, 0.0)
     saga_nonce = None if place is None else place.nonce  # (``nonce``: the gate's)
-    row = _run(engine, _intent_sql(gated, trace_context is not None, expect is not None,
-                                   claim is not None and not gated, place is not None), {
+    row = pgconn.run(engine, _intent_sql(gated, trace_context is not None,
+                                         expect is not None, claim is not None and not gated,
+                                         place is not None), {
         "saga": saga_id, "tool": tool, "phase": phase, "place": saga_nonce,
         "args": _json(engine, "args", args, saga_id, task_id, saga_nonce),
         "kwargs": _json(engine, "kwargs", kwargs, saga_id, task_id, saga_nonce),
@@ -322,7 +213,7 @@ _INTENT_SEQ = (f"SELECT seq, attempt_token FROM {_E} WHERE saga_id = %(saga)s "
 def intent_seq(engine: Engine, saga_id: str, task_id: str) -> tuple[int, str | None] | None:
     """The seq (and the claim's token) of the INTENT journaled with this task id, if that
     statement committed."""
-    row = _run(engine, _INTENT_SEQ, {"saga": saga_id, "task_id": task_id})
+    row = pgconn.run(engine, _INTENT_SEQ, {"saga": saga_id, "task_id": task_id})
     return None if row is None else (int(row[0]), row[1])
 
 
@@ -346,9 +237,10 @@ def undo_next(engine: Engine, *, saga_id: str, seq: int, result: str, detail: st
     outcome lands on the undo this chain holds, and another EXECUTED step's undo is
     claimed; one round trip. None: not the common case, nothing written (the caller
     takes the full path)."""
-    row = _run(engine, _UNDO_NEXT, {"saga": saga_id, "seq": seq, "result": result,
-                                    "detail": detail, "attempts": attempts, "token": token,
-                                    "next": next_token, "lease": lease, "worker": worker})
+    row = pgconn.run(engine, _UNDO_NEXT, {"saga": saga_id, "seq": seq, "result": result,
+                                          "detail": detail, "attempts": attempts,
+                                          "token": token, "next": next_token, "lease": lease,
+                                          "worker": worker})
     if row is None:
         return None
     call, step = (saga_id, row[11], row[12]), (saga_id, int(row[0]), row[12])
@@ -393,5 +285,5 @@ def complete(engine: Engine, *, saga_id: str, result: Any, expect: int,
     value = Jsonb(sealed.process_bind_param(Placed(result, (saga_id, nonce)), engine.dialect))
     sql = _COMPLETE.format(_S=_S, _E=_E, _EXECUTED=_EXECUTED,
                            guard="" if place is None else _NONCE)
-    return _run(engine, sql, {"saga": saga_id, "result": value, "expect": expect,
-                              "place": nonce}) is not None
+    return pgconn.run(engine, sql, {"saga": saga_id, "result": value, "expect": expect,
+                                    "place": nonce}) is not None
