@@ -15,10 +15,9 @@ from typing import Any
 import psutil
 import psycopg
 
-from bench import aio, producer, scaling, suites
+from bench import aio, harness, journal_size, producer, scaling, suites
+from bench.harness import BROKERS
 
-BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
-           "redis": "redis://127.0.0.1:6379/12"}
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "workers",
             "big", "check", "agents", "ceiling", "enqueue")
@@ -36,7 +35,7 @@ def versions() -> dict[str, str]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "not installed"
-    with psycopg.connect(suites.PG_ADMIN) as conn:
+    with psycopg.connect(harness.PG_ADMIN) as conn:
         row = conn.execute("SHOW server_version").fetchone()
         out["postgresql"] = str(row[0]) if row else "?"
     return out
@@ -51,7 +50,7 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def rabbitmq_sections(results: dict[str, Any], b: suites.Bench, a: argparse.Namespace,
+def rabbitmq_sections(results: dict[str, Any], b: harness.Bench, a: argparse.Namespace,
                       only: set[str], dbos_mod: Any) -> None:
     """The sections measured on RabbitMQ only."""
     if "producer" in only:
@@ -116,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                                "argv": sys.argv[1:], "started": time.strftime("%FT%T%z")}
     dbos_mod: Any = None
     main_db, rows_db = f"bench_sw_{run}", f"bench_sw_{run}_rows"
-    db_url = suites.create_database(main_db)
+    db_url = harness.create_database(main_db)
     log(f"database {main_db}")
-    suites.prepare_schema(db_url, BROKERS["rabbitmq"], run)
+    harness.prepare_schema(db_url, BROKERS["rabbitmq"], run)
     if not a.no_dbos and "saga" in only:
         try:
             from bench import dbos_bench
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             systems = ("bare", "minimal", "minimal_pf4", "sagaworker")
             if bname == "rabbitmq" and "saga" in only:
                 systems += ("sagaworker_published",)
-            b = suites.Bench(run, bname, BROKERS[bname], db_url, systems)
+            b = harness.Bench(run, bname, BROKERS[bname], db_url, systems)
             try:
                 if "throughput" in only:
                     log(f"{bname}: step throughput")
@@ -152,15 +151,15 @@ def main(argv: list[str] | None = None) -> int:
                 b.close()
         sizes = tuple(int(x) for x in a.big.split(",") if x) if "big" in only else ()
         if sizes:
-            rows_url = suites.create_database(rows_db)
-            suites.prepare_schema(rows_url, BROKERS["rabbitmq"], run)
+            rows_url = harness.create_database(rows_db)
+            harness.prepare_schema(rows_url, BROKERS["rabbitmq"], run)
             log(f"big journal {sizes}")
-            b = suites.Bench(run, "rows", BROKERS["rabbitmq"], rows_url,
+            b = harness.Bench(run, "rows", BROKERS["rabbitmq"], rows_url,
                              ("minimal", "sagaworker"))
             try:
-                results["big_journal"] = suites.big_journal(b, sizes, a.big_steps, a.rounds)
+                results["big_journal"] = journal_size.big_journal(b, sizes, a.big_steps, a.rounds)
                 log("prune, then step throughput again")
-                results["after_prune"] = suites.after_prune(b, a.big_steps, a.rounds)
+                results["after_prune"] = journal_size.after_prune(b, a.big_steps, a.rounds)
             finally:
                 b.close()
     finally:
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep_db:
             for name in (main_db, rows_db):
                 try:
-                    suites.drop_database(name)
+                    harness.drop_database(name)
                 except Exception as exc:
                     log(f"could not drop {name}: {exc}")
     for section, argv in APART.items():
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{section}: {' '.join(argv)}")
             results[argv[0].split(".")[1]] = apart(argv, a.rounds, a.quick)
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    results["retried_rounds"] = suites.RETRIES
+    results["retried_rounds"] = harness.RETRIES
     # a run of some sections only leaves the full run's file alone
     out = RESULTS if only == set(SECTIONS) else RESULTS.with_name("results-partial.json")
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")

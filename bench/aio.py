@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.suites import Bench, median
+from bench.harness import Bench, median
 
 TICK = 0.005
 
@@ -178,8 +178,7 @@ def main() -> int:
     import json
     import sys
 
-    from bench.__main__ import BROKERS
-    from bench.suites import create_database, drop_database, prepare_schema
+    from bench.harness import BROKERS, create_database, drop_database, prepare_schema
 
     run_id = f"aio{int(time.time()) % 100000}"
     db = f"bench_sw_{run_id}"

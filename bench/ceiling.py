@@ -41,10 +41,10 @@ import psutil
 import psycopg
 from sqlalchemy import text
 
-from bench import suites
-from bench.__main__ import BROKERS
+from bench import harness
 from bench.apps import _engine, counter
 from bench.costs import PARTS, _cpu, _pg, _procs
+from bench.harness import BROKERS
 from bench.workers import Worker
 
 _SAMPLE = """
@@ -71,7 +71,7 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        with psycopg.connect(suites.PG_ADMIN, autocommit=True) as conn:
+        with psycopg.connect(harness.PG_ADMIN, autocommit=True) as conn:
             while not self._halt.is_set():
                 for kind, n in conn.execute(_SAMPLE, (self.dbname,)).fetchall():
                     self.waits[kind] += n
@@ -96,14 +96,14 @@ class Sampler(threading.Thread):
 def _xid() -> int:
     """The next transaction id: how many write transactions the server has committed or
     begun (read-only ones take none), cluster-wide."""
-    with psycopg.connect(suites.PG_ADMIN, autocommit=True) as conn:
+    with psycopg.connect(harness.PG_ADMIN, autocommit=True) as conn:
         row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
                            ).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def one_round(b: suites.Bench, dbname: str, tool: str, n: int, per_saga: int
+def one_round(b: harness.Bench, dbname: str, tool: str, n: int, per_saga: int
               ) -> dict[str, Any]:
     """``n`` steps of ``tool``, enqueued by one thread; done when all are EXECUTED."""
     system = b.systems["sagaworker"]
@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     run = f"ceil{os.getpid()}"
     dbname = f"bench_sw_{run}"
-    db_url = suites.create_database(dbname)
-    suites.prepare_schema(db_url, BROKERS["rabbitmq"], run)
-    b = suites.Bench(run, a.broker, BROKERS[a.broker], db_url, ("sagaworker",))
+    db_url = harness.create_database(dbname)
+    harness.prepare_schema(db_url, BROKERS["rabbitmq"], run)
+    b = harness.Bench(run, a.broker, BROKERS[a.broker], db_url, ("sagaworker",))
     system = b.systems["sagaworker"]
     table: dict[str, dict[str, Any]] = {}
     try:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             w.stop()
         b.close()
         counter().close()
-        suites.drop_database(dbname)
+        harness.drop_database(dbname)
     print(json.dumps({"broker": a.broker, "steps": a.steps, "per_saga": a.per_saga,
                       "rounds": a.rounds, "rows": table}, indent=2))
     print(render(table, a), file=sys.stderr)  # (stdout: the JSON ``python -m bench`` reads)

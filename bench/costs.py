@@ -25,16 +25,16 @@ import time
 import psutil
 import psycopg
 
-from bench import suites
-from bench.__main__ import BROKERS
+from bench import harness, suites
 from bench.apps import counter
+from bench.harness import BROKERS
 
 #: RabbitMQ's processes (the worker's own command line names the broker too: not those)
 _ERLANG = ("/usr/lib/erlang", "erl_child_setup", "inet_gethost", "epmd")
 PARTS = ("producer", "worker", "postgres", "broker", "redis")
 
 
-def _procs(b: suites.Bench, name: str) -> dict[str, list[psutil.Process]]:
+def _procs(b: harness.Bench, name: str) -> dict[str, list[psutil.Process]]:
     root = psutil.Process(b.workers[name].proc.pid)
     out: dict[str, list[psutil.Process]] = {
         "producer": [psutil.Process(os.getpid())],
@@ -63,7 +63,7 @@ def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
 
 
 def _pg(dbname: str) -> dict[str, int]:
-    with psycopg.connect(suites.PG_ADMIN, autocommit=True) as conn:
+    with psycopg.connect(harness.PG_ADMIN, autocommit=True) as conn:
         row = conn.execute(
             "SELECT xact_commit, tup_inserted, tup_updated, tup_fetched, tup_returned, "
             "pg_current_wal_lsn() - '0/0'::pg_lsn FROM pg_stat_database WHERE datname = %s",
@@ -73,7 +73,7 @@ def _pg(dbname: str) -> dict[str, int]:
     return dict(zip(keys, (int(x) for x in row), strict=True))
 
 
-def measure(b: suites.Bench, dbname: str, name: str, n: int,
+def measure(b: harness.Bench, dbname: str, name: str, n: int,
             per_saga: int = 10) -> dict[str, float]:
     """One round of ``n`` steps of ``name``; costs per step."""
     # the children of the postgres postmaster come and go: list them fresh, after a settle
@@ -110,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     run = f"costs{os.getpid()}"
     dbname = f"bench_sw_{run}"
-    db_url = suites.create_database(dbname)
-    suites.prepare_schema(db_url, BROKERS["rabbitmq"], run)
+    db_url = harness.create_database(dbname)
+    harness.prepare_schema(db_url, BROKERS["rabbitmq"], run)
     if os.environ.get("COSTS_SQL"):  # an experiment on the schema (DDL), before the run
         with psycopg.connect(db_url.replace("+psycopg", ""), autocommit=True) as conn:
             conn.execute(os.environ["COSTS_SQL"])
-    b = suites.Bench(run, a.broker, BROKERS[a.broker], db_url, ("minimal", "sagaworker"))
+    b = harness.Bench(run, a.broker, BROKERS[a.broker], db_url, ("minimal", "sagaworker"))
     per: dict[str, list[dict[str, float]]] = {"minimal": [], "sagaworker": []}
     try:
         for name in per:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         b.close()
         counter().close()
-        suites.drop_database(dbname)
+        harness.drop_database(dbname)
     table = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
              for name, rs in per.items()}
     if a.json:

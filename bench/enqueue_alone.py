@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from bench import suites
+from bench import harness
 from bench.apps import make_system, minimal_enqueue
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args(argv)
     run = f"alone{os.getpid()}"
-    db = suites.create_database(f"bench_sw_{run}")
-    suites.prepare_schema(db, BROKER, run)
+    db = harness.create_database(f"bench_sw_{run}")
+    harness.prepare_schema(db, BROKER, run)
     sw = make_system("sagaworker", broker=BROKER, db_url=db, queue=f"bench-{run}-sw")
     mn = make_system("minimal", broker=BROKER, db_url=db, queue=f"bench-{run}-min")
     try:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     with contextlib.suppress(Exception):  # (a queue never declared)
                         conn.default_channel.queue_delete(queue)
         sw.sw.journal.engine.dispose()
-        suites.drop_database(f"bench_sw_{run}")
+        harness.drop_database(f"bench_sw_{run}")
     return 0
 
 

@@ -33,7 +33,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from bench import suites
+from bench import harness
 from bench.apps import make_system
 from bench.workers import LOG_DIR, ROOT, Worker
 
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args(argv)
     run = f"mcp{os.getpid()}"
-    db = suites.create_database(f"bench_sw_{run}")
-    suites.prepare_schema(db, BROKER, run)
+    db = harness.create_database(f"bench_sw_{run}")
+    harness.prepare_schema(db, BROKER, run)
     queue = f"bench-{run}"
     system = make_system("sagaworker", broker=BROKER, db_url=db, queue=queue)
     worker = Worker("sagaworker", broker=BROKER, db_url=db, queue=queue, app=system.app)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 with contextlib.suppress(Exception):  # (a queue never declared)
                     conn.default_channel.queue_delete(name)
         system.sw.journal.engine.dispose()
-        suites.drop_database(f"bench_sw_{run}")
+        harness.drop_database(f"bench_sw_{run}")
     return 0
 
 

@@ -71,7 +71,7 @@ def _figures(n: int, t0: float, t1: float, t2: float, lat: list[float]) -> dict[
 
 def enqueue_then_result(b: Any, n: int, rounds: int, per_saga: int = 30) -> dict[str, Any]:
     """Both forms in alternating order each round; ratios are medians of per-round ratios."""
-    from bench.suites import median, retried
+    from bench.harness import median, retried
 
     runs: dict[str, list[dict[str, float]]] = {"sagaworker": [], "minimal": []}
     _sagaworker(b, max(30, n // 10), per_saga)  # warm-up

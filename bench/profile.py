@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pyinstrument import Profiler
 
-from bench import suites
+from bench import harness, suites
 from bench.apps import counter
 from bench.workers import LOG_DIR
 
@@ -41,9 +41,9 @@ def summarize(collapsed: Path, top: int = 25) -> str:
 def main() -> int:
     run = f"prof{os.getpid()}"
     name = f"bench_sw_{run}"
-    db_url = suites.create_database(name)
-    suites.prepare_schema(db_url, BROKER, run)
-    b = suites.Bench(run, "rabbitmq", BROKER, db_url, ("sagaworker",))
+    db_url = harness.create_database(name)
+    harness.prepare_schema(db_url, BROKER, run)
+    b = harness.Bench(run, "rabbitmq", BROKER, db_url, ("sagaworker",))
     out = LOG_DIR / f"{run}-worker.txt"
     try:
         suites.step_round(b, "sagaworker", 100)
@@ -66,7 +66,7 @@ def main() -> int:
     finally:
         b.close()
         counter().close()
-        suites.drop_database(name)
+        harness.drop_database(name)
     return 0
 
 

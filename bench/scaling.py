@@ -14,7 +14,8 @@ __all__ = ["workers_scaling"]
 
 def workers_scaling(b: Any, n: int, rounds: int, counts: tuple[int, ...] = (1, 2, 4)
                     ) -> dict[str, Any]:
-    from bench.suites import median, retried, step_round
+    from bench.harness import median, retried
+    from bench.suites import step_round
 
     system = b.systems["sagaworker"]
     extra: list[Worker] = []

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, update
 
-from bench import suites
+from bench import harness
 
 SQL = "UPDATE t SET n = n + 1, tok = %(tok)s WHERE id = %(id)s AND tok <> 'x' RETURNING n"
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=3000)
     a = p.parse_args(argv)
     name = f"bench_stmt_{os.getpid()}"
-    url = suites.create_database(name)
+    url = harness.create_database(name)
     eng = create_engine(url, pool_size=5)
     try:
         with eng.begin() as c:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{1e3 * (time.perf_counter() - t0) / a.n:.3f} |")
     finally:
         eng.dispose()
-        suites.drop_database(name)
+        harness.drop_database(name)
     return 0
 
 

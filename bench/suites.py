@@ -3,8 +3,6 @@ PostgreSQL and broker, in interleaved rounds; the report quotes medians and rati
 
 from __future__ import annotations
 
-import contextlib
-import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,139 +10,10 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import psycopg
 from sqlalchemy import text
 
-from bench.apps import MINIMAL_DDL, System, counter, make_system, minimal_enqueue
-from bench.workers import Worker
-
-PG_ADMIN = "postgresql://root@127.0.0.1:5432/postgres"
-
-
-def median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
-def spread(xs: list[float]) -> float:
-    """(max - min) / median of a figure's rounds: how steady it is."""
-    return (max(xs) - min(xs)) / median(xs) if xs and median(xs) else 0.0
-
-
-def pctl(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
-# -- databases -------------------------------------------------------------------
-
-
-def create_database(name: str) -> str:
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
-
-
-def drop_database(name: str) -> None:
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def prepare_schema(db_url: str, broker: str, run: str) -> None:
-    """sagaworker's journal (``sw.create_schema``) and the minimal journal's table."""
-    sw_sys = make_system("sagaworker", broker=broker, db_url=db_url, queue=f"{run}-schema")
-    sw_sys.sw.create_schema()
-    with sw_sys.sw.journal.engine.begin() as conn:
-        conn.execute(text(MINIMAL_DDL))
-    sw_sys.sw.journal.engine.dispose()
-
-
-# -- a set of systems on one broker ---------------------------------------------------
-
-
-class Bench:
-    """Producer-side apps and one running worker per system, on one broker and database."""
-
-    def __init__(self, run: str, broker_name: str, broker: str, db_url: str,
-                 systems: tuple[str, ...]) -> None:
-        self.run, self.broker_name, self.broker, self.db_url = run, broker_name, broker, db_url
-        self.systems: dict[str, System] = {}
-        self.workers: dict[str, Worker] = {}
-        self.rss_idle: dict[str, float] = {}
-        for name in systems:
-            queue = f"bench-{run}-{broker_name}-{name}"
-            self.systems[name] = make_system(name, broker=broker, db_url=db_url, queue=queue)
-        for name, system in self.systems.items():
-            self.workers[name] = Worker(name, broker=broker, db_url=db_url,
-                                        queue=system.queue, app=system.app)
-        for name, w in self.workers.items():
-            w.wait_ready()
-            time.sleep(0.5)
-            self.rss_idle[name] = w.rss_mib()
-        self._n = 0
-        #: more workers on the same queues (bench.ceiling)
-        self.extra: list[Worker] = []
-
-    def tag(self, what: str) -> str:
-        self._n += 1
-        return f"{self.run}-{self.broker_name}-{what}-{self._n}"
-
-    def rss(self) -> dict[str, float]:
-        return {name: w.rss_mib() for name, w in self.workers.items()}
-
-    def close(self) -> None:
-        for w in self.workers.values():
-            w.terminate()
-        for w in self.workers.values():
-            w.stop()
-        for system in self.systems.values():
-            queues = [system.queue] + ([f"{system.queue}.sw"] if system.sw else [])
-            try:
-                with system.app.connection_for_write() as conn:
-                    chan = conn.default_channel
-                    for q in queues:
-                        with contextlib.suppress(Exception):  # already gone
-                            chan.queue_delete(q)
-            except Exception:  # cleanup only
-                pass
-            if system.sw is not None and system.sw.rt.journal_made:
-                system.sw.journal.engine.dispose()
-
-
-class Stalled(TimeoutError):
-    """A round made no progress (a broker or Redis restart by someone else, say)."""
-
-
-def wait_counter(key: str, n: int, timeout: float, stall: float = 20) -> None:
-    r = counter()
-    deadline = time.monotonic() + timeout
-    last, moved = -1, time.monotonic()
-    while (got := int(r.get(key) or 0)) < n:
-        t = time.monotonic()
-        if got != last:
-            last, moved = got, t
-        if t > deadline or t - moved > stall:
-            raise Stalled(f"only {got} of {n} steps ran (no progress for {t - moved:.0f} s)")
-        time.sleep(0.002)
-
-
-RETRIES: list[str] = []
-
-
-def retried(fn: Callable[[], Any], what: str, tries: int = 3) -> Any:
-    """Run one round; a stalled round (shared services restarted under us) is re-run."""
-    for i in range(tries):
-        try:
-            return fn()
-        except (TimeoutError, OSError) as exc:
-            RETRIES.append(f"{what}: {type(exc).__name__}: {exc}")
-            if i == tries - 1:
-                raise
-            time.sleep(3)
-    raise AssertionError("unreachable")
-
+from bench.apps import System, counter, minimal_enqueue
+from bench.harness import Bench, median, pctl, retried, spread, wait_counter
 
 # -- 1. step throughput ------------------------------------------------------------------
 
@@ -409,86 +278,6 @@ def compensation(b: Bench, sizes: tuple[int, ...], rounds: int) -> dict[str, Any
             "rounds_ms": {str(k): [round(x, 1) for x in v] for k, v in per.items()},
             "per_undo_ms": per_undo, "bare_celery_round_trip_ms": rt,
             "per_undo_vs_round_trip": per_undo / rt if rt else float("nan")}
-
-
-# -- 4. throughput with a big journal ------------------------------------------------
-
-
-def fill_journal(db_url: str, have: int, want: int) -> None:
-    """Bring both journals to ``want`` rows: 10-step COMPLETED sagas, generate_series."""
-    if want <= have:
-        return
-    a, z = have // 10, want // 10
-    url = db_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url, autocommit=True) as conn:
-        with conn.transaction():
-            conn.execute(
-                "INSERT INTO sagaworker_sagas (saga_id, status, metadata, created_at, "
-                "updated_at, last_seq, exec_counter, finished_at) "
-                "SELECT 'fill-' || g, 'COMPLETED', '{}'::jsonb, now() - interval '1 day', "
-                "now() - interval '1 day', 10, 10, now() - interval '1 day' "
-                "FROM generate_series(%s::int, %s::int) g", (a, z - 1))
-            conn.execute(
-                "INSERT INTO sagaworker_entries (saga_id, seq, tool_name, phase, args, kwargs, "
-                "args_digest, task_id, result, attempts, created_at, updated_at, published_at, "
-                "started_at, executed_at, exec_order, duration_ms, in_doubt, "
-                "compensation_attempts) "
-                "SELECT 'fill-' || g, s, 'bench.sw.noop', 'EXECUTED', '[\"k\"]'::jsonb, "
-                "'{}'::jsonb, md5(g::text), md5(g::text || '-' || s), to_jsonb(s), 1, "
-                "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', "
-                "now() - interval '1 day', now() - interval '1 day', s, 0.1, false, 0 "
-                "FROM generate_series(%s::int, %s::int) g, generate_series(1, 10) s",
-                (a, z - 1))
-            conn.execute(
-                "INSERT INTO bench_minimal (id, phase, tool, args, result, created_at, "
-                "executed_at) SELECT gen_random_uuid(), 'EXECUTED', 'noop', '[\"k\"]'::jsonb, "
-                "'1'::jsonb, now() - interval '1 day', now() - interval '1 day' "
-                "FROM generate_series(1, %s::int)", ((z - a) * 10,))
-        conn.execute("VACUUM ANALYZE sagaworker_sagas")
-        conn.execute("VACUUM ANALYZE sagaworker_entries")
-        conn.execute("VACUUM ANALYZE bench_minimal")
-
-
-def journal_rows(db_url: str) -> int:
-    url = db_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM sagaworker_entries").fetchone()
-        return int(row[0]) if row else 0
-
-
-def big_journal(b: Bench, sizes: tuple[int, ...], n: int, rounds: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    have = 0
-    for size in sizes:
-        t = time.perf_counter()
-        fill_journal(b.db_url, have, size)
-        have = max(have, size)
-        fill_s = time.perf_counter() - t
-        res = step_throughput(b, n, rounds)
-        res["rows_before"] = journal_rows(b.db_url)
-        res["fill_seconds"] = fill_s
-        out[str(size)] = res
-    return out
-
-
-def after_prune(b: Bench, n: int, rounds: int) -> dict[str, Any]:
-    """Prune the filled journal (its sagas finished a day ago) with ``sw.prune``: the
-    prune's own rate, then the step throughput again on what is left."""
-    sw = b.systems["sagaworker"].sw
-    before = journal_rows(b.db_url)
-    t = time.perf_counter()
-    sagas_deleted = sw.prune(12 * 3600.0)
-    prune_s = time.perf_counter() - t
-    after = journal_rows(b.db_url)
-    url = b.db_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url, autocommit=True) as conn:  # what the autovacuum does later
-        conn.execute("VACUUM ANALYZE sagaworker_sagas")
-        conn.execute("VACUUM ANALYZE sagaworker_entries")
-    res = step_throughput(b, n, rounds)
-    res.update(entries_before=before, entries_after=after, sagas_deleted=sagas_deleted,
-               prune_seconds=prune_s,
-               prune_entries_per_s=(before - after) / prune_s if prune_s else float("nan"))
-    return res
 
 
 # -- 6. fan-out ----------------------------------------------------------------------------
