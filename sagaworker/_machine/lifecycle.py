@@ -4,7 +4,7 @@ move allowed between them, with its guard and what it emits.
 This is the one place that says which moves exist. ``_machine`` performs them (each one a
 guarded compare-and-set transaction that names its row here), ``docs/reliability.md``
 draws them (``mermaid()``; a unit test checks the drawing is the table's) and the stateful
-test (``tests/unit/test_state_machine.py``) checks the invariants over interleavings of
+test (``tests/statemachine/``) checks the invariants over interleavings of
 them. A move not in the table is an error (``move()`` raises), never a silent no-op.
 """
 

@@ -4,6 +4,7 @@ floors), no import circles, type-only imports included."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,18 @@ def test_the_floor_guard_sees_subpackages() -> None:
     assert "sagaworker._base.errors" in graph["sagaworker._producer.producer"]
     assert _floor(_part_of("sagaworker._recovery.sweeper")) > _floor(
         _part_of("sagaworker._worker.flows"))
+
+
+def test_the_lifecycle_stands_on_the_store() -> None:
+    """``_machine`` (the lifecycle table, every move and their SQL) imports the store
+    (``_journal``), never the reverse: the store has no move of its own to reach for, and
+    the runtime, which makes both, stands above them."""
+    assert _floor("_journal") < _floor("_machine") < _floor("_runtime")
+    graph = _imports()
+    up = [f"{m} imports {d}" for m, deps in sorted(graph.items()) if _part_of(m) == "_journal"
+          for d in sorted(deps) if _part_of(d) in ("_machine", "_runtime")]
+    assert up == []
+    assert "sagaworker._journal.pgconn" in graph["sagaworker._machine.pgfast"]
 
 
 def test_no_import_circles() -> None:
@@ -250,6 +263,31 @@ def test_every_move_of_the_table_is_performed_by_a_named_function() -> None:
     assert set(performed) <= {(m.machine, m.name) for m in MOVES}
 
 
+def test_design_doc_names_the_file_of_every_move() -> None:
+    """docs/design.md's table names, for each move, the file of ``sagaworker/_machine``
+    whose function performs it: a newcomer finds the code of any row."""
+    import importlib
+
+    from sagaworker._machine.lifecycle import MOVES
+
+    performed_in: dict[tuple[str, str], set[str]] = {}
+    for path in (PKG / "_machine").glob("*.py"):
+        for obj in vars(importlib.import_module(_module(path))).values():
+            for fn in vars(obj).values() if isinstance(obj, type) else [obj]:
+                for m in getattr(fn, "__moves__", ()):  # (the module that defines it)
+                    performed_in.setdefault(m, set()).add(fn.__module__.rpartition(".")[2])
+    doc = (PKG.parent / "docs" / "design.md").read_text().splitlines()
+    wrong = []
+    for m in MOVES:
+        row = next((line for line in doc if line.startswith(f"| {m.machine} | `{m.name}` |")),
+                   "")
+        named = row.rstrip(" |").rpartition("|")[2]
+        files = performed_in.get((m.machine, m.name), set())
+        if not files or any(f"`{f}`" not in named for f in files):
+            wrong.append(f"{m.machine}.{m.name}: performed in {sorted(files)}")
+    assert wrong == []
+
+
 _WRITES = {"set_entry", "touch", "values"}
 
 
@@ -287,6 +325,48 @@ def test_a_status_or_phase_is_written_only_by_a_move() -> None:
         if "migrations" not in path.parts:
             visit(parse(path.read_text()), False, str(path.relative_to(PKG)))
     assert wrong == []
+
+
+def test_every_move_is_performed_in_the_machine() -> None:
+    """No function outside ``sagaworker/_machine`` is marked ``@performs``: the store and
+    every part above it reach a move through the machine, never perform one."""
+    wrong = [f"{path.relative_to(PKG)}:{node.name}" for path in PKG.rglob("*.py")
+             if "migrations" not in path.parts and _part(path) != "_machine"
+             for node in ast.walk(parse(path.read_text())) if _performs(node)]
+    assert wrong == []
+
+
+#: a statement that writes a row (``UPDATE t SET``, ``INSERT INTO t (``) naming a status or
+#: a phase: the SQL of a move
+_WRITE_SQL = re.compile(r"\b(?:UPDATE\s+\S+\s+(?:AS\s+\w+\s+)?SET|INSERT\s+INTO\s+\S+\s*\()")
+_STATE_COLUMN = re.compile(r"\b(?:status|phase)\b")
+
+
+def _sql_of_moves(path: Path) -> list[int]:
+    """The lines of ``path``'s strings (f-strings whole) that are a move's SQL."""
+    found = []
+    for node in ast.walk(parse(path.read_text())):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else
+                           "{" + ast.unparse(v.value) + "}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        else:
+            continue
+        if _WRITE_SQL.search(text) and _STATE_COLUMN.search(text):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_sql_of_a_move_outside_the_machine() -> None:
+    """The moves' own SQL (the one-round-trip statements) stands in ``_machine`` too: no
+    string elsewhere in the package writes a saga's status or an entry's phase (the
+    migrations aside: they are the schema's history)."""
+    wrong = [f"{path.relative_to(PKG)}:{line}" for path in PKG.rglob("*.py")
+             if "migrations" not in path.parts and _part(path) != "_machine"
+             for line in _sql_of_moves(path)]
+    assert wrong == []
+    assert _sql_of_moves(PKG / "_machine" / "pgfast.py"), "the guard sees no SQL at all"
 
 
 def test_no_host_clock_is_written_to_the_journal() -> None:
