@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             brokers = [b for b in brokers if b == "rabbitmq"]
         for bname in brokers:
             log(f"{bname}: starting workers")
-            systems = ("bare", "minimal", "minimal_pf4", "sagaworker")
+            systems = ("bare", "minimal", "minimal_pf4", "guarded", "sagaworker")
             if bname == "rabbitmq" and "saga" in only:
                 systems += ("sagaworker_published",)
             b = harness.Bench(run, bname, BROKERS[bname], db_url, systems)

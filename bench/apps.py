@@ -5,6 +5,12 @@
 * ``minimal``: a hand-written minimal journal: one INTENT insert committed before the
   publish (publisher confirms on), one EXECUTED update committed by the worker; the same
   Celery reliability settings sagaworker applies (late acks, prefetch 1).
+* ``guarded``: a hand-written journal that keeps sagaworker's guarantee for a tool that is
+  not idempotent (never run twice): the INTENT insert committed before the publish, a
+  claim committed before the tool runs (``UPDATE ... SET phase = 'CLAIMED', attempts =
+  attempts + 1 WHERE id = :id AND phase = 'INTENT' RETURNING id``: no row back means the
+  step was claimed before, and it is not run again), then the EXECUTED update: three
+  commits, the Celery settings of ``minimal``.
 * ``sagaworker``: the library under test.
 
 Every task body does the same "work": one Redis INCR on a counter the producer watches,
@@ -24,7 +30,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, create_engine, text
 
-SYSTEMS = ("bare", "minimal", "minimal_pf4", "sagaworker", "sagaworker_published")
+SYSTEMS = ("bare", "minimal", "minimal_pf4", "guarded", "sagaworker", "sagaworker_published")
 COUNTER_REDIS = "redis://127.0.0.1:6379/13"
 
 _local: dict[str, Any] = {}
@@ -76,6 +82,20 @@ CREATE TABLE IF NOT EXISTS bench_minimal (
 """
 
 
+GUARDED_DDL = """
+CREATE TABLE IF NOT EXISTS bench_guarded (
+    id uuid PRIMARY KEY,
+    phase varchar(16) NOT NULL,
+    tool varchar(200) NOT NULL,
+    args jsonb NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    result jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    executed_at timestamptz
+)
+"""
+
+
 @dataclass
 class System:
     name: str
@@ -89,16 +109,22 @@ class System:
         """One step of this system, from the producer's side."""
         if self.name == "bare":
             self.tasks["noop"].apply_async(args=[key])
-        elif self.name.startswith("minimal"):
+        elif self.name.startswith("minimal") or self.name == "guarded":
             minimal_enqueue(self, key)
         else:
             saga.enqueue(self.tasks["noop"], key)
 
 
+def journal_table(system: System) -> str:
+    """The hand-written journal's table of ``system`` (minimal or guarded)."""
+    return "bench_guarded" if system.name == "guarded" else "bench_minimal"
+
+
 def minimal_enqueue(system: System, key: str) -> str:
+    """One step of a hand-written journal: its INTENT committed, then its publish."""
     jid = str(uuid.uuid4())
     with _engine(system.db_url).begin() as conn:
-        conn.execute(text("INSERT INTO bench_minimal (id, phase, tool, args) "
+        conn.execute(text(f"INSERT INTO {journal_table(system)} (id, phase, tool, args) "
                           "VALUES (:id, 'INTENT', 'noop', CAST(:args AS jsonb))"),
                      {"id": jid, "args": f'["{key}"]'})
     system.tasks["noop"].apply_async(args=[jid, key], task_id=jid)
@@ -145,6 +171,28 @@ def make_system(name: str, *, broker: str, db_url: str, queue: str) -> System:
                              {"id": jid, "r": str(value)})
 
         system.tasks = {"noop": minimal_noop}
+    elif name == "guarded":
+        app.conf.update(broker_transport_options={"confirm_publish": True,
+                                                  "visibility_timeout": 60},
+                        worker_prefetch_multiplier=1, task_acks_late=True,
+                        task_reject_on_worker_lost=True)
+
+        @app.task(name="bench.guarded.noop")  # type: ignore[untyped-decorator]
+        def guarded_noop(jid: str, key: str) -> None:
+            with _engine(db_url).begin() as conn:  # the claim, committed before the tool
+                claimed = conn.execute(text(
+                    "UPDATE bench_guarded SET phase = 'CLAIMED', attempts = attempts + 1 "
+                    "WHERE id = :id AND phase = 'INTENT' RETURNING id"), {"id": jid}).first()
+            if claimed is None:  # claimed before: never run twice
+                return
+            value = work(key)
+            with _engine(db_url).begin() as conn:
+                conn.execute(text("UPDATE bench_guarded SET phase = 'EXECUTED', "
+                                  "result = CAST(:r AS jsonb), executed_at = now() "
+                                  "WHERE id = :id AND phase = 'CLAIMED'"),
+                             {"id": jid, "r": str(value)})
+
+        system.tasks = {"noop": guarded_noop}
     elif name.startswith("sagaworker"):
         from sagaworker import Sagaworker, Settings
 

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import text
 
-from bench.apps import MINIMAL_DDL, System, counter, make_system
+from bench.apps import GUARDED_DDL, MINIMAL_DDL, System, counter, make_system
 from bench.workers import Worker
 
 BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
@@ -53,11 +53,12 @@ def drop_database(name: str) -> None:
 
 
 def prepare_schema(db_url: str, broker: str, run: str) -> None:
-    """sagaworker's journal (``sw.create_schema``) and the minimal journal's table."""
+    """sagaworker's journal (``sw.create_schema``) and the hand-written journals' tables."""
     sw_sys = make_system("sagaworker", broker=broker, db_url=db_url, queue=f"{run}-schema")
     sw_sys.sw.create_schema()
     with sw_sys.sw.journal.engine.begin() as conn:
         conn.execute(text(MINIMAL_DDL))
+        conn.execute(text(GUARDED_DDL))
     sw_sys.sw.journal.engine.dispose()
 
 

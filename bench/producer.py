@@ -1,8 +1,9 @@
 """What a producer pays, measured as a user calls it: one thread enqueues N steps over N/30
 sagas (``saga.enqueue``, each call timed), then calls ``step.result()`` on each in order;
-the minimal journal enqueues the same way (INSERT+commit+confirmed publish per step), then
-polls one ``count(*)`` until every row is EXECUTED, as a hand-written journal would (it
-never reads its steps back one by one)."""
+the hand-written journals (``minimal``: two commits; ``guarded``: three, a claim before
+the tool, sagaworker's guarantee) enqueue the same way (INSERT+commit+confirmed publish
+per step), then poll one ``count(*)`` until every row is EXECUTED, as a hand-written
+journal would (it never reads its steps back one by one)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.apps import _engine, counter, minimal_enqueue
+from bench.apps import _engine, counter, journal_table, minimal_enqueue
 
 __all__ = ["enqueue_then_result"]
 
@@ -36,9 +37,9 @@ def _sagaworker(b: Any, n: int, per_saga: int) -> dict[str, float]:
     return _figures(n, t0, t1, t2, lat)
 
 
-def _minimal(b: Any, n: int) -> dict[str, float]:
-    system = b.systems["minimal"]
-    key = b.tag("etr-min")
+def _minimal(b: Any, n: int, name: str = "minimal") -> dict[str, float]:
+    system = b.systems[name]
+    key = b.tag(f"etr-{name}")
     lat: list[float] = []
     ids = []
     t0 = time.perf_counter()
@@ -47,8 +48,8 @@ def _minimal(b: Any, n: int) -> dict[str, float]:
         ids.append(minimal_enqueue(system, key))
         lat.append(time.perf_counter() - t)
     t1 = time.perf_counter()
-    q = text("SELECT count(*) FROM bench_minimal WHERE id = ANY(CAST(:ids AS uuid[])) "
-             "AND phase = 'EXECUTED'")
+    q = text(f"SELECT count(*) FROM {journal_table(system)} WHERE id = "
+             "ANY(CAST(:ids AS uuid[])) AND phase = 'EXECUTED'")
     eng = _engine(system.db_url)
     delay = 0.005
     while True:
@@ -70,22 +71,30 @@ def _figures(n: int, t0: float, t1: float, t2: float, lat: list[float]) -> dict[
 
 
 def enqueue_then_result(b: Any, n: int, rounds: int, per_saga: int = 30) -> dict[str, Any]:
-    """Both forms in alternating order each round; ratios are medians of per-round ratios."""
+    """Every form in rotating order each round; ratios are medians of per-round ratios."""
     from bench.harness import median, retried
 
-    runs: dict[str, list[dict[str, float]]] = {"sagaworker": [], "minimal": []}
-    _sagaworker(b, max(30, n // 10), per_saga)  # warm-up
-    _minimal(b, max(30, n // 10))
+    names = ["sagaworker", *(x for x in ("minimal", "guarded") if x in b.systems)]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+
+    def one(name: str, steps: int) -> dict[str, float]:
+        return _sagaworker(b, steps, per_saga) if name == "sagaworker" else \
+            _minimal(b, steps, name)
+
+    for name in names:  # warm-up
+        one(name, max(30, n // 10))
     for r in range(rounds):
-        order = ["sagaworker", "minimal"] if r % 2 == 0 else ["minimal", "sagaworker"]
-        for name in order:
-            fn = ((lambda: _sagaworker(b, n, per_saga)) if name == "sagaworker"
-                  else (lambda: _minimal(b, n)))
-            runs[name].append(retried(fn, f"enqueue then result ({name})"))
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(retried(lambda name=name: one(name, n),  # type: ignore[misc]
+                                      f"enqueue then result ({name})"))
     out: dict[str, Any] = {"steps": n, "sagas": max(1, n // per_saga), "systems": {
         name: {k: median([x[k] for x in rs]) for k in rs[0]} for name, rs in runs.items()}}
-    pairs = list(zip(runs["sagaworker"], runs["minimal"], strict=True))
-    out["ratio_vs_minimal"] = median([s["steps_per_s"] / m["steps_per_s"] for s, m in pairs])
-    out["enqueue_latency_vs_minimal"] = median(
-        [s["enqueue_ms_mean"] / m["enqueue_ms_mean"] for s, m in pairs])
+    out["rounds_steps_per_s"] = {name: [round(x["steps_per_s"], 1) for x in rs]
+                                 for name, rs in runs.items()}
+    for base in names[1:]:
+        pairs = list(zip(runs["sagaworker"], runs[base], strict=True))
+        out[f"ratio_vs_{base}"] = median([s["steps_per_s"] / m["steps_per_s"]
+                                          for s, m in pairs])
+        out[f"enqueue_latency_vs_{base}"] = median(
+            [s["enqueue_ms_mean"] / m["enqueue_ms_mean"] for s, m in pairs])
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.apps import System, counter, minimal_enqueue
+from bench.apps import System, counter, journal_table, minimal_enqueue
 from bench.harness import Bench, median, pctl, retried, spread, wait_counter
 
 # -- 1. step throughput ------------------------------------------------------------------
@@ -33,15 +33,15 @@ def step_round(b: Bench, name: str, n: int, *, per_saga: int = 10) -> dict[str, 
     ids: list[str] = []
     t0 = time.perf_counter()
     for i in range(n):
-        if name.startswith("minimal"):
+        if name.startswith("minimal") or name == "guarded":
             ids.append(minimal_enqueue(system, key))
         else:
             system.enqueue(key, sagas[i % len(sagas)] if sagas else None)
     t_pub = time.perf_counter() - t0
     wait_counter(key, n, timeout=300)
-    if name.startswith("minimal"):
-        _wait_sql(system, "SELECT count(*) FROM bench_minimal WHERE id = ANY(CAST(:ids AS uuid[])) "
-                  "AND phase = 'EXECUTED'", {"ids": ids}, n)
+    if name.startswith("minimal") or name == "guarded":
+        _wait_sql(system, f"SELECT count(*) FROM {journal_table(system)} WHERE id = "
+                  "ANY(CAST(:ids AS uuid[])) AND phase = 'EXECUTED'", {"ids": ids}, n)
     elif name == "sagaworker":
         _wait_sql(system, "SELECT count(*) FROM sagaworker_entries WHERE saga_id = ANY(:ids) "
                   "AND phase = 'EXECUTED'", {"ids": [s.saga_id for s in sagas]}, n)
@@ -81,7 +81,7 @@ def step_throughput(b: Bench, n: int, rounds: int) -> dict[str, Any]:
             "enqueue_per_s": median([x["enqueue_per_s"] for x in rs]),
             "rounds_steps_per_s": [round(x["steps_per_s"], 1) for x in rs]}
     sw_rounds = [x["steps_per_s"] for x in per.get("sagaworker", [])]
-    for base in ("bare", "minimal", "minimal_pf4"):
+    for base in ("bare", "minimal", "minimal_pf4", "guarded"):
         if base in per and sw_rounds:
             ratios = [s / m["steps_per_s"] for s, m in zip(sw_rounds, per[base], strict=True)]
             out[f"ratio_vs_{base}"] = median(ratios)
