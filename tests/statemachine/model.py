@@ -8,8 +8,11 @@ Celery retry, a lease that lapses while its attempt still runs (it finishes late
 heartbeats from live and from fenced-out attempts and undos, a lost COMMIT (the same move
 replayed with the same token), ``fail``, ``abort``, a passed deadline, approve and reject
 (also right after a fail), a flow advanced by two replays at once, a sweep, an operator
-re-drive, and a durable agent run's model requests (``agents``: answered, failed, a worker
-dying or stalling while one is in flight, another worker replaying the flow meanwhile).
+re-drive, a durable agent run's model requests (``agents``: answered, failed for good or
+for a passing reason and retried, a worker dying or stalling while one is in flight,
+another worker replaying the flow meanwhile, a call the framework cancels), leases that
+race (``leases``: a model request's short lease and its failover, late heartbeats), and
+a flow's code changing under its sagas (``divergence``: held, resumed).
 The "world" (which effects and undos happened, which attempts run) is kept in
 ``world``; after every step the invariants are checked against it, the journal and the
 structured events logged; at the end, with every message delivered and nothing in
@@ -52,6 +55,8 @@ from sagaworker._journal.schema import entries, sagas
 from sagaworker._machine.machine import Start, UndoClaim, UndoState, new_token
 from sagaworker._worker.replay import replay as replay_flow
 from tests.statemachine.agents import AgentMoves
+from tests.statemachine.divergence import DivergenceMoves
+from tests.statemachine.leases import LeaseMoves
 from tests.statemachine.world import (
     EPOCH,
     MAX_RERUNS,
@@ -80,7 +85,7 @@ def bound(saga_id: str, seq: int | None = None, tool: str | None = None) -> Any:
     return structlog.contextvars.bound_contextvars(saga_id=saga_id, seq=seq, tool=tool)
 
 
-class JournalMachine(AgentMoves, RuleBasedStateMachine):
+class JournalMachine(AgentMoves, LeaseMoves, DivergenceMoves, RuleBasedStateMachine):
     """Subclassed per database (the ``URL`` class attribute)."""
 
     URL = ""
@@ -108,6 +113,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         self.seen = 0          # events already checked
         self.snap: dict[Any, Any] = {}
         self.agent_init()
+        self.divergence_init()
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -139,7 +145,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
 
     @initialize(first=st.lists(st.sampled_from(TOOLS), min_size=1, max_size=4),
                 second=st.lists(st.sampled_from(TOOLS), min_size=0, max_size=3),
-                flow=st.sampled_from(["", "model", "agent", "agent"]))
+                flow=st.sampled_from(["", "model", "agent", "agent", "parallel"]))
     def two_sagas(self, first: list[str], second: list[str], flow: str) -> None:
         """Two sagas with their first steps journaled and published (steps enqueued
         together run in parallel: their EXECUTED order is the workers'), and a flow (the
@@ -149,7 +155,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             for tool in tools:
                 self.enqueue(len(self.sagas) - 1, tool)
         if flow:
-            self.start_flow(False, flow == "agent")
+            self.start_flow(False, flow != "model", flow == "parallel")
 
     @precondition(lambda self: len(self.sagas) < MAX_SAGAS)
     @rule(deadline=st.booleans())
@@ -161,12 +167,13 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             self.world.deadlines.add(saga_id)
 
     @precondition(lambda self: len(self.sagas) < MAX_SAGAS)
-    @rule(deadline=st.booleans(), agent=st.booleans())
-    def start_flow(self, deadline: bool, agent: bool = False) -> None:
+    @rule(deadline=st.booleans(), agent=st.booleans(), parallel=st.booleans())
+    def start_flow(self, deadline: bool, agent: bool = False, parallel: bool = False) -> None:
         """A flow starts: the model's (steps, a gate), or a durable agent run's (model
-        turns journaled as units, an odd ``n``)."""
+        turns journaled as units, an odd ``n``; ``parallel``: its framework runs a tool
+        call beside the next turn, and cancels that turn's call)."""
         saga_id = f"m-{self.run}-{len(self.sagas)}"
-        n = next(self.counter) * 10 + (1 if agent else 0)
+        n = next(self.counter) * 10 + ((3 if parallel else 1) if agent else 0)
         self.sagas.append(saga_id)
         self.world.flows[saga_id] = n
         self.sw.start(saga_id, agent_flow if agent else model_flow, n,
@@ -429,6 +436,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         assert key not in self.world.executed, "a step claimed after its EXECUTED"
         assert saga.fail_requested_at is None and SagaStatus(saga.status) in OPEN, (
             "a step claimed for a saga asked to fail")
+        assert saga.divergence is None, "a step of a held saga (diverged) was claimed"
         # (a delivery after the deadline, before any sweep saw it pass, runs nothing)
         assert saga_id not in self.world.overdue, "a step claimed after its saga's deadline"
         if spec.gated:
@@ -590,15 +598,21 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
     def overtaken(self, i: int) -> None:
         """A running attempt is overtaken: its lease lapses, its message comes again (an
         idempotent step re-runs, another is found in doubt), and then the late attempt
-        finishes, raises, gives up or beats (``i`` says which and how)."""
-        how, i = ("ok", "raise", "give_up", "beat")[i % 4], i >> 2
+        finishes, or beats and then raises, gives up or goes on, or its re-run is
+        overtaken too ("again": re-run at most SAGAWORKER_MAX_RERUNS times, then in
+        doubt); ``i`` says which and how."""
+        how, i = ("ok", "raise", "give_up", "beat", "again")[i % 5], i // 5
         live = [a for a in self.attempts if a.running and not a.lapsed]
         # an idempotent one first: its re-run fences it out (others are found in doubt)
         a = self.pick(i, [a for a in live if a.tool.endswith(".idem")] or live)
         self.lapse_live([x for x in self.attempts if x.running and not x.lapsed].index(a), True)
-        if how == "beat":
+        rerun = self.world.holder.get((a.saga_id, a.seq))
+        if how == "again" and rerun is not None and rerun.running and not rerun.lapsed:
+            self.lapse_live([x for x in self.attempts if x.running and not x.lapsed]
+                            .index(rerun), True)
+        elif how not in ("ok", "again"):
             self.heartbeat(self.attempts.index(a), False, among=self.attempts)
-        else:
+        if how not in ("beat", "again"):
             self.finish([x for x in self.attempts if x.running].index(a), how)
 
     @precondition(lambda self: any(a.running for a in self.attempts))
@@ -927,6 +941,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
                 assert (r.saga_id, r.seq) in self.world.effects
             if r.compensation == OutcomeResult.COMPENSATED.value:
                 assert (r.saga_id, r.seq) in self.world.undos, "COMPENSATED, never undone"
+        self.holds_agree(srows.values())
         for saga_id, status in self.world.terminal.items():
             now_ = SagaStatus(srows[saga_id].status)
             assert now_ is status, f"terminal {saga_id} changed {status} -> {now_}"
@@ -986,8 +1001,9 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             f"given up {dirty}")
         assert logged("saga_compensation_failed") == Counter(failed), (
             "saga_compensation_failed not logged once for each dirty finish")
-        assert not [e for e in new if e.get("event") in ("flow_diverged", "flow_unknown")], (
-            "a deterministic flow diverged")
+        assert not [e for e in new if e.get("event") == "flow_unknown" or (
+            e.get("event") == "flow_diverged" and e.get("saga_id") not in self.diverging)], (
+            "a flow whose code did not change diverged")
 
     # -- quiescence -----------------------------------------------------------------------
 
@@ -1001,6 +1017,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
         """No new faults: every running attempt and undo finishes, dead leases lapse, every
         message is delivered and the sweeper runs, until nothing moves."""
         self.replays.clear()  # a replay's worker is gone
+        self.turns.how = "ok"  # (a request asked to fail before would fail here)
         for _ in range(30):
             self._finish_running()
             self.lapse()
@@ -1039,6 +1056,7 @@ class JournalMachine(AgentMoves, RuleBasedStateMachine):
             self._capture.close()
 
     def _quiesce(self) -> None:
+        self.resume_all()
         for _ in range(4):
             self._drain()
             self._live()

@@ -36,6 +36,8 @@ GATE = "sagaworker/_producer/approvals.py"
 GATE_MOVES, MOVES_BASE = "sagaworker/_machine/gate_moves.py", "sagaworker/_machine/moves_base.py"
 REPLAY, UNITS = "sagaworker/_worker/replay.py", "sagaworker/_worker/units.py"
 SWEEPER = "sagaworker/_recovery/sweeper.py"
+UNDO_NEXT = "sagaworker/_journal/migrations/versions/0009_undo_next.py"
+DIVERGENCE = "sagaworker/_machine/divergence.py"
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,31 @@ MUTANTS: tuple[Mutant, ...] = (
        'found = self._unqueued(and_(waiting, self._open_saga()), since, "retry_deferred")',
        'found = self.resends.due(entries, ["saga_id", "seq"], and_(waiting, '
        'self._open_saga()))'),
+    # (the migration is applied from the copy: each model-check session on PostgreSQL
+    # makes a database of its own and migrates it with the copy's migrations)
+    _m("undo-next-pg", "the PostgreSQL undo_next function journals a stale undo token's "
+       "outcome (a late try fenced out by a retry's claim)", UNDO_NEXT,
+       "compensation IS NULL\n       AND undo_token = p_token FOR UPDATE;",
+       "compensation IS NULL FOR UPDATE;", database="postgresql"),
+    _m("held-last-seq", "a replay that read an older journal position holds a saga another "
+       "replay moved on", DIVERGENCE,
+       "update(sagas).where(*_open(saga_id),\n" + " " * 53 + "sagas.c.last_seq == last_seq)",
+       "update(sagas).where(*_open(saga_id))"),
+    _m("undo-heartbeat-lease", "an undo's heartbeat takes back the lease its try released "
+       "(its retry is found busy)", STEP,
+       "entries.c.undo_token == token,\n            entries.c.comp_lease_until.is_not(None))",
+       "entries.c.undo_token == token)"),
+    _m("model-retry-uncounted", "a model request's passing failure is retried without its "
+       "try counted on the request's step", UNITS,
+       'retries=(getattr(row, "celery_retries", None) or 0) + 1)',
+       'retries=getattr(row, "celery_retries", None) or 0)'),
+    _m("unit-failover-live", "a failover takes over a model request whose stalled worker's "
+       "heartbeat revived its claim after the takeover read it", STEP,
+       "return [same, entries.c.lease_until < db_now()]", "return [same]",
+       database="postgresql"),
+    _m("unit-cancel-unshielded", "a unit whose call the framework cancels is cancelled with "
+       "it (its claim held, no outcome journaled)", UNITS,
+       "return await asyncio.shield(task)", "return await task"),
 )
 
 

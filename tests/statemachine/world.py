@@ -3,6 +3,7 @@ flow), and the world (which attempts and undos run, which effects happened)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,15 +21,28 @@ MAX_RERUNS = 1  # one re-run of an idempotent step whose attempt was lost
 EPOCH = 10 * 365 * 86400.0
 RETRIES = 1  # SAGAWORKER_COMPENSATION_RETRIES: 1 + 1 tries per undo
 MAX_RETRIES = 1  # the tools' Celery max_retries: a tool's own retry() asked once at most
+MODEL_TRIES = 2  # SAGAWORKER_MODEL_RETRIES: a model request's tries in all
+#: SAGAWORKER_UNIT_LEASE: shorter than a tool step's lease (``redeliver_after``), long in
+#: real time (a lease lapses when the model says: ``leases``)
+UNIT_LEASE = 300.0
 TOOLS = ("plain", "idem", "ship", "lookup")
 PREFIX = "tests.statemachine.world."
 PLAIN, IDEM, SHIP, LOOKUP = (PREFIX + t for t in TOOLS)
 QUEUE = "model"  # the broker queue of every step message
 
 
+class Code:
+    """The flows' code as the workers run it now: a saga in ``changed`` is replayed by code
+    a deploy changed, which asks for another first step than its journal holds."""
+
+    changed: set[str] = set()
+
+
 def model_flow(s: FlowContext, n: int) -> dict[str, int]:
     """The flow the model runs: a step, two in parallel, a gated one (each tool returns its
     argument, so what the flow asks for is known in advance: ``flow_calls``)."""
+    if s.saga_id in Code.changed:
+        s.call(LOOKUP, n)  # (diverges: its journal holds PLAIN there)
     a = s.call(PLAIN, n)
     b, c = s.gather(s.enqueue(IDEM, a + 1), s.enqueue(LOOKUP, a + 2))
     d = s.call(SHIP, b + c)
@@ -46,19 +60,39 @@ class Model:
     ask: Any = None
 
 
-UNIT = "unit:ask"
+REQUEST = "agent__model.request"  # (a model request's unit: its lease, its retries)
+UNIT = "unit:" + REQUEST
+
+
+class Overloaded(Exception):
+    """The model provider's passing error: a 503 that asks to be tried again in a minute."""
+
+    status_code = 503
+    retry_after = 60.0
 
 
 async def _request(saga_id: str, n: int, turn: int) -> Any:
+    await asyncio.sleep(0)  # (the request is under way: a cancel of its call lands here)
     return Model.ask(saga_id, n, turn)
 
 
 async def agent_flow(s: FlowContext, n: int) -> dict[str, int]:
     """The durable agent run the model checks: a model turn, the tool it asks for, another
-    turn (each turn a durable unit journaled by the replay that sends it)."""
-    first = await s.unit("ask", lambda: _request(s.saga_id, n, 0))
-    tool = await s.call(PLAIN, first)
-    second = await s.unit("ask", lambda: _request(s.saga_id, n, 1))
+    turn (each turn a durable unit journaled by the replay that sends it). For ``n`` ending
+    in 3 the framework runs the tool's call and the next turn side by side in a task
+    group: the tool's step has no outcome on the first run, so the group cancels the
+    turn's call while its request is under way (its unit is shielded: it runs on)."""
+    if s.saga_id in Code.changed:
+        await s.unit("changed__model.request", lambda: _request(s.saga_id, n, 0))
+    first = await s.unit(REQUEST, lambda: _request(s.saga_id, n, 0))
+    if n % 10 == 3:
+        async with asyncio.TaskGroup() as group:
+            call = group.create_task(s.call(PLAIN, first))
+            turn = group.create_task(s.unit(REQUEST, lambda: _request(s.saga_id, n, 1)))
+        tool, second = call.result(), turn.result()
+    else:
+        tool = await s.call(PLAIN, first)
+        second = await s.unit(REQUEST, lambda: _request(s.saga_id, n, 1))
     return {"first": first, "tool": tool, "second": second}
 
 
@@ -106,8 +140,8 @@ class RecordingBus:
             self.messages.append(("compensate", saga_id))
 
     def send_advance(self, saga_id: str, *, countdown: float | None = None) -> None:
-        if saga_id in self.sagas:
-            self.messages.append(("advance", saga_id))
+        if saga_id in self.sagas:  # (with the countdown it is scheduled for)
+            self.messages.append(("advance", saga_id, countdown))
 
     def queue_of(self, tool: str, queue: str | None) -> str | None:
         return QUEUE  # one list for every step, whatever its tool
@@ -123,7 +157,7 @@ def build(url: str) -> Sagaworker:
         database_url=url, broker_url="memory://",
         approval_secret=SecretStr(TEST_SECRET), max_reruns=MAX_RERUNS,
         compensation_retries=RETRIES, relay_after=300,
-        redeliver_after=600))
+        redeliver_after=600, model_retries=MODEL_TRIES, unit_lease=UNIT_LEASE))
 
     @sw.tool(compensable_by="undo_plain")
     def plain(n: int) -> int:
@@ -148,9 +182,23 @@ def build(url: str) -> Sagaworker:
     sw.flow(name="model_flow")(model_flow)
     sw.flow(name="agent_flow")(agent_flow)
     sw.validate()
-    sw.flows.heartbeat = None  # time is the model's: a unit's lease lapses when it says
+    sw.flows.heartbeat = None  # the model's (``Beats``): a unit's lease lapses when it says
     sw.sweeper._ago = lambda seconds: db_later(-(seconds + EPOCH))  # type: ignore[method-assign]
     return sw
+
+
+class Beats:
+    """A worker's heartbeat as the model keeps it: what it holds and on which lease; it
+    beats only when a move says so (a live worker's, while its lease would lapse)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int, bool, str], float | None] = {}
+
+    def hold(self, item: tuple[str, int, bool, str], *, lease: float | None = None) -> None:
+        self.held[item] = lease
+
+    def drop(self, item: tuple[str, int, bool, str]) -> None:
+        self.held.pop(item, None)
 
 
 class _Try:
