@@ -206,8 +206,10 @@ def test_an_eager_claim_that_lapsed_while_its_advance_stalled_is_not_run_again(
         assert res.status is SagaStatus.COMPLETED, res.error
         assert [(r.kind, r.tool) for r in c.ledger(key)] == [
             ("effect", "a"), ("try", "b"), ("effect", "b"), ("effect", "c")]
-        # the fault hit: the claim taken with b's INTENT lapsed, and was found taken
-        lost = [e for e in c.events(key) if e["event"] == "eager_claim_lost"]
+        # the fault hit: the claim taken with b's INTENT lapsed, and was found taken (the
+        # stalled advance says so once its export returns: maybe after the saga completed)
+        lost = wait_for(lambda: [e for e in c.events(key) if e["event"] == "eager_claim_lost"],
+                        T, "eager_claim_lost logged")
         assert [e["seq"] for e in lost] == [2]
         rec = c.sw.inspect(key)
         assert [(e.seq, e.phase, e.attempts) for e in rec.entries] == [

@@ -137,6 +137,7 @@ def go(c: Cluster, key: str, name: str) -> None:
         conn.execute(insert(ledger).values(key=key, kind="go", tool=name, detail={}))
 
 
+@pytest.mark.one_broker
 def test_a_retry_its_busy_worker_delays_past_its_due_time_runs_once(busy: Cluster) -> None:
     """A tool asking for ``retry(countdown=3)`` on every try (Celery allows it 3 tries)
     while both processes of its worker are busy: its retry's ETA copy waits in the worker

@@ -15,7 +15,7 @@ from tests.statemachine.mutants import MUTANTS, Mutant, drift, run
 #: runs them all: a make test that must stay under 25 minutes cannot hold their ~10-57 s
 #: each)
 QUICK = ("claim-failing-pg", "lease-takeover", "undo-order", "undo-while-running",
-         "enqueue-failing", "complete-failing", "died-unreported", "unit-claim-ignored")
+         "enqueue-failing", "died-unreported", "unit-claim-ignored")
 #: the budget of ``make mutants`` (the same examples, so the same verdicts)
 EXAMPLES, STEPS = 400, 50
 

@@ -103,13 +103,20 @@ class Browser:
         return got["result"].get("value")
 
     def wait(self, expression: str, what: str, timeout: float | None = None) -> Any:
+        """Await ``expression`` true. One that throws counts as not yet: a page that
+        reloads has no ``document.body`` for a moment (the last error is reported)."""
         deadline = time.monotonic() + (timeout or self.timeout)
+        last: BrowserError | None = None
         while time.monotonic() < deadline:
-            value = self.js(expression)
+            try:
+                value = self.js(expression)
+            except BrowserError as exc:
+                value, last = None, exc
             if value:
                 return value
             time.sleep(0.1)
-        raise BrowserError(f"timed out waiting for {what} ({expression})")
+        raise BrowserError(f"timed out waiting for {what} ({expression})"
+                           + (f"; last error: {last}" if last is not None else ""))
 
     def goto(self, url: str) -> None:
         self.call("Page.navigate", {"url": url}, session=True)
