@@ -11,11 +11,10 @@ live worker beats in time: nobody takes it), then passes again with its worker s
 whose heartbeat comes late, right after a takeover read its lapsed claim (on PostgreSQL
 between that read and the takeover's compare-and-set; SQLite serializes writers, so
 there just before the read): the takeover must not land, the stalled worker keeps its
-claim; an undo try
-overtaken by the chain's retry, whose late outcome carries a stale token; and an undo
-that raised with tries left, whose worker's heartbeat read what it holds before the
-release and beats right after it: the released try holds no lease, its retry is claimed
-at once.
+claim; an undo try overtaken by the chain's retry, whose late heartbeat and outcome carry
+a stale token; and an undo that raised with tries left, whose worker's heartbeat read
+what it holds before the release and beats right after it: the released try holds no
+lease, its retry is claimed at once.
 """
 
 from __future__ import annotations
@@ -118,8 +117,9 @@ class LeaseMoves:
         handed = self._requests_timer()
         assert due <= set(handed), (
             f"a dead worker's model request was not handed on after its lease: {due}")
-        for saga_id in handed:
-            self.deliver(self.bus.messages.index(("advance", saga_id, None)), False)
+        for msg in [("advance", s, None) for s in handed]:
+            if msg in self.bus.messages:  # (another worker replays each)
+                self.deliver(self.bus.messages.index(msg), False)
 
     def in_flight_lease(self, req: Any, key: tuple[str, int]) -> None:
         """While ``req`` is in flight, its short lease passes twice. The first time its

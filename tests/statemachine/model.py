@@ -598,22 +598,22 @@ class JournalMachine(AgentMoves, LeaseMoves, DivergenceMoves, RuleBasedStateMach
     def overtaken(self, i: int) -> None:
         """A running attempt is overtaken: its lease lapses, its message comes again (an
         idempotent step re-runs, another is found in doubt), and then the late attempt
-        finishes, or beats and then raises, gives up or goes on, or its re-run is
-        overtaken too ("again": re-run at most SAGAWORKER_MAX_RERUNS times, then in
+        finishes, or beats and then raises, gives up or goes on; ``again``: then its
+        re-run is overtaken too (re-run at most SAGAWORKER_MAX_RERUNS times, then in
         doubt); ``i`` says which and how."""
-        how, i = ("ok", "raise", "give_up", "beat", "again")[i % 5], i // 5
+        how, again, i = ("ok", "raise", "give_up", "beat")[i % 4], bool(i & 4), i >> 3
         live = [a for a in self.attempts if a.running and not a.lapsed]
         # an idempotent one first: its re-run fences it out (others are found in doubt)
         a = self.pick(i, [a for a in live if a.tool.endswith(".idem")] or live)
         self.lapse_live([x for x in self.attempts if x.running and not x.lapsed].index(a), True)
+        if how != "ok":
+            self.heartbeat(self.attempts.index(a), False, among=self.attempts)
         rerun = self.world.holder.get((a.saga_id, a.seq))
-        if how == "again" and rerun is not None and rerun.running and not rerun.lapsed:
+        if how != "beat":
+            self.finish([x for x in self.attempts if x.running].index(a), how)
+        if again and rerun is not None and rerun.running and not rerun.lapsed:
             self.lapse_live([x for x in self.attempts if x.running and not x.lapsed]
                             .index(rerun), True)
-        elif how not in ("ok", "again"):
-            self.heartbeat(self.attempts.index(a), False, among=self.attempts)
-        if how not in ("beat", "again"):
-            self.finish([x for x in self.attempts if x.running].index(a), how)
 
     @precondition(lambda self: any(a.running for a in self.attempts))
     @rule(i=st.integers(0, 20))
