@@ -33,7 +33,7 @@ from sagaworker._journal.dialect import db_now
 from sagaworker._journal.schema import entries
 from sagaworker._machine import step_moves
 from sagaworker._machine.machine import UndoClaim, new_token
-from tests.statemachine.world import RETRIES, UNIT, UNIT_LEASE, Attempt, Undo
+from tests.statemachine.world import MAX_SAGAS, RETRIES, UNIT, UNIT_LEASE, Attempt, Undo
 
 Held = tuple[str, int, bool, str]
 
@@ -76,6 +76,7 @@ class LeaseMoves:
     heartbeat: Callable[..., None]
     fail_executed: Callable[[int], None]
     enqueue: Callable[[int, str], None]
+    begin: Callable[[bool], None]
     asynchronous: Callable[[], list[str]]
     undo_step: Callable[..., None]
 
@@ -159,11 +160,6 @@ class LeaseMoves:
 
     # -- an undo try's late writes ----------------------------------------------------------
 
-    def _running(self) -> list[str]:
-        """Sagas of the asynchronous form, RUNNING and not asked to fail."""
-        return [s for s in self.asynchronous() if (row := self.saga_row(s)).status == "RUNNING"
-                and row.fail_requested_at is None]
-
     def _undone_before(self, saga_id: str, seq: int) -> bool:
         """Whether an EXECUTED step of the saga without an undo outcome was executed before
         step ``seq``: once that step's undo has its outcome, the chain claims another."""
@@ -172,13 +168,12 @@ class LeaseMoves:
                       key=lambda r: r.exec_order)
         return bool(left) and left[0].seq != seq
 
-    def _two_then_fail(self, i: int) -> None:
-        """A RUNNING saga of the asynchronous form runs a step (unless one ran) and then
-        one with an undo; then it fails, and its chain claims that step's undo first."""
-        running = self._running()
-        ran = [s for s in running if any(k[0] == s for k in self.world.executed)]
-        saga_id = self.pick(i, ran or running)
-        for tool in ("plain",) if saga_id in ran else ("lookup", "plain"):
+    def _two_then_fail(self) -> None:
+        """A new saga runs two steps, the latest with an undo, and fails: its chain claims
+        that step's undo first (the other still waits for its outcome)."""
+        self.begin(False)
+        saga_id = self.sagas[-1]
+        for tool in ("lookup", "plain"):
             sent = len(self.bus.messages)
             self.enqueue(self.asynchronous().index(saga_id), tool)
             if self.bus.messages[sent:] and self.bus.messages[-1][:2] == ("step", saga_id):
@@ -188,18 +183,18 @@ class LeaseMoves:
             self.fail_executed(keys[0])
 
     @precondition(lambda self: any(u.running and not u.lapsed for u in self.undos)
-                  or self._running())
+                  or len(self.sagas) < MAX_SAGAS)
     @rule(i=st.integers(0, 20))
     def undo_overtaken(self, i: int) -> None:
-        """A running undo try (if none runs, a saga runs two steps and fails: its chain
-        claims the latest's undo) is overtaken: its lease lapses
-        (a stalled worker), the chain's message comes again and claims the undo anew (a
-        try with a token of its own), then the late try beats and finishes: its
-        heartbeat, its outcome and the next undo's claim, asked with its stale token (on
-        PostgreSQL the last two in one call of ``sagaworker_undo_next``), change nothing;
-        the new try's outcome stands."""
+        """A running undo try (if none runs, a new saga runs two steps and fails: its
+        chain claims the latest's undo) is overtaken: its lease lapses (a stalled
+        worker), the chain's message comes again and claims the undo anew (a try with a
+        token of its own), then the late try beats and finishes: its heartbeat, its
+        outcome and the next undo's claim, asked with its stale token (on PostgreSQL the
+        last two in one call of ``sagaworker_undo_next``), change nothing; the new try's
+        outcome stands."""
         if not any(u.running and not u.lapsed for u in self.undos):
-            self._two_then_fail(i)
+            self._two_then_fail()
         live = [u for u in self.undos if u.running and not u.lapsed]
         if not live:
             return

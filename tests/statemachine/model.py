@@ -61,6 +61,7 @@ from tests.statemachine.world import (
     EPOCH,
     MAX_RERUNS,
     MAX_RETRIES,
+    MAX_SAGAS,
     PREFIX,
     RETRIES,
     TOOLS,
@@ -78,7 +79,6 @@ from tests.statemachine.world import (
 _INTENT, _EXECUTED, _AWAITING = (Phase.INTENT.value, Phase.EXECUTED.value,
                                  Phase.AWAITING_APPROVAL.value)
 _FAILED_UNDO = OutcomeResult.COMPENSATION_FAILED.value
-MAX_SAGAS = 4
 
 
 def bound(saga_id: str, seq: int | None = None, tool: str | None = None) -> Any:
@@ -289,15 +289,28 @@ class JournalMachine(AgentMoves, LeaseMoves, DivergenceMoves, RuleBasedStateMach
             self.bus.messages.remove(msg)
             self._claim(msg[1], msg[2], msg[3], msg[4])
 
-    @precondition(lambda self: self.world.deadlines - self.world.overdue)
-    @rule(i=st.integers(0, 3))
-    def the_deadline_passes(self, i: int) -> None:
-        """A saga's deadline passes (the sweeper's next pass fails it)."""
-        saga_id = self.pick(i, sorted(self.world.deadlines - self.world.overdue))
+    @precondition(lambda self: self.world.deadlines - self.world.overdue
+                  or len(self.sagas) < MAX_SAGAS)
+    @rule(i=st.integers(0, 3), late=st.booleans())
+    def the_deadline_passes(self, i: int, late: bool = False) -> None:
+        """A saga's deadline passes (the sweeper's next pass fails it); if no saga has a
+        deadline, a new one with a step enqueued. ``late``: a step message of that saga
+        is delivered then, before any sweep saw the deadline pass (it must run nothing)."""
+        waiting = sorted(self.world.deadlines - self.world.overdue)
+        if not waiting:
+            self.begin(True)
+            self.enqueue(self.asynchronous().index(self.sagas[-1]), "plain")
+            waiting = [self.sagas[-1]]
+        saga_id = self.pick(i, waiting)
         with self.sw.journal.engine.begin() as conn:
             conn.execute(update(sagas).where(sagas.c.saga_id == saga_id)
                          .values(deadline_at=db_later(-1.0)))
         self.world.overdue.add(saga_id)
+        if late:
+            queued = [k for k, m in enumerate(self.bus.messages)
+                      if m[0] == "step" and m[1] == saga_id]
+            if queued:
+                self.deliver(queued[0], False)
 
     # -- the broker ---------------------------------------------------------------------
 
@@ -520,19 +533,35 @@ class JournalMachine(AgentMoves, LeaseMoves, DivergenceMoves, RuleBasedStateMach
                     "a step FAILED by an attempt that did not hold it")
             self.sw.executor._after_outcome(a.saga_id, st_, "Boom")
 
-    @precondition(lambda self: any(a.running and not a.lapsed and not is_unit(a.tool)
-                                   for a in self.attempts))
+    def _to_run(self) -> list[Attempt]:
+        """The attempts running on a lease that holds; if none, a step message waiting is
+        delivered first (an idempotent step's if any), its claim left running."""
+        live = [a for a in self.attempts if a.running and not a.lapsed and not is_unit(a.tool)]
+        steps = [k for k, m in enumerate(self.bus.messages) if m[0] == "step"]
+        if not live and steps:
+            idem = [k for k in steps if self.bus.messages[k][3].endswith(".idem")]
+            self.deliver((idem or steps)[0], False)
+        return [a for a in self.attempts if a.running and not a.lapsed and not is_unit(a.tool)]
+
+    def _runnable(self) -> bool:
+        return (any(a.running and not a.lapsed and not is_unit(a.tool) for a in self.attempts)
+                or any(m[0] == "step" for m in self.bus.messages))
+
+    @precondition(lambda self: self._runnable())
     @rule(i=st.integers(0, 20),
           then=st.sampled_from(["published", "lost", "swept", "out_of_turn"]))
     def tool_asks_retry(self, i: int, then: str) -> None:
-        """A running tool calls ``current_task.retry(countdown=60)`` (a delivered step's, or
-        an eager step's hand-over to the broker): past ``max_retries`` Celery raises and
-        the step fails; else the lease's release, the retry's due time and its count are
-        journaled in one commit, then the retry's message is published, or its worker
-        dies in between (``lost``; ``swept``: time passes and the sweeper sends it, with
-        its count; ``out_of_turn``: its copies come out of turn)."""
-        a = self.pick(i, [a for a in self.attempts if a.running and not a.lapsed
-                          and not is_unit(a.tool)])
+        """A running tool (if none runs, a step delivered now) calls
+        ``current_task.retry(countdown=60)`` (a delivered step's, or an eager step's
+        hand-over to the broker): past ``max_retries`` Celery raises and the step fails;
+        else the lease's release, the retry's due time and its count are journaled in one
+        commit, then the retry's message is published, or its worker dies in between
+        (``lost``; ``swept``: time passes and the sweeper sends it, with its count;
+        ``out_of_turn``: its copies come out of turn)."""
+        live = self._to_run()
+        if not live:
+            return
+        a = self.pick(i, live)
         if a.retries >= MAX_RETRIES:  # Celery's MaxRetriesExceededError: the tool raised
             self.finish([x for x in self.attempts if x.running].index(a), "give_up")
             return
@@ -593,16 +622,18 @@ class JournalMachine(AgentMoves, LeaseMoves, DivergenceMoves, RuleBasedStateMach
         if redeliver:
             self._claim(a.saga_id, a.seq, a.tool, a.retries)
 
-    @precondition(lambda self: any(a.running and not a.lapsed for a in self.attempts))
+    @precondition(lambda self: self._runnable())
     @rule(i=st.integers(0, 63))
     def overtaken(self, i: int) -> None:
-        """A running attempt is overtaken: its lease lapses, its message comes again (an
-        idempotent step re-runs, another is found in doubt), and then the late attempt
-        finishes, or beats and then raises, gives up or goes on; ``again``: then its
-        re-run is overtaken too (re-run at most SAGAWORKER_MAX_RERUNS times, then in
-        doubt); ``i`` says which and how."""
+        """A running attempt (if none runs, a step delivered now) is overtaken: its lease
+        lapses, its message comes again (an idempotent step re-runs, another is found in
+        doubt), and then the late attempt finishes, or beats and then raises, gives up or
+        goes on; ``again``: then its re-run is overtaken too (re-run at most
+        SAGAWORKER_MAX_RERUNS times, then in doubt); ``i`` says which and how."""
         how, again, i = ("ok", "raise", "give_up", "beat")[i % 4], bool(i & 4), i >> 3
-        live = [a for a in self.attempts if a.running and not a.lapsed]
+        live = self._to_run()
+        if not live:
+            return
         # an idempotent one first: its re-run fences it out (others are found in doubt)
         a = self.pick(i, [a for a in live if a.tool.endswith(".idem")] or live)
         self.lapse_live([x for x in self.attempts if x.running and not x.lapsed].index(a), True)

@@ -22,6 +22,7 @@ EPOCH = 10 * 365 * 86400.0
 RETRIES = 1  # SAGAWORKER_COMPENSATION_RETRIES: 1 + 1 tries per undo
 MAX_RETRIES = 1  # the tools' Celery max_retries: a tool's own retry() asked once at most
 MODEL_TRIES = 2  # SAGAWORKER_MODEL_RETRIES: a model request's tries in all
+MAX_SAGAS = 4  # in one example
 #: SAGAWORKER_UNIT_LEASE: shorter than a tool step's lease (``redeliver_after``), long in
 #: real time (a lease lapses when the model says: ``leases``)
 UNIT_LEASE = 300.0
