@@ -74,6 +74,24 @@ async def _session(client: Client) -> Call:
     return call
 
 
+async def _floors(client: Client) -> dict[str, Call]:
+    """What a call costs before sagaworker's step: ``tools/list`` (the transport and the
+    SDK's request handling; ``ping`` left the protocol in 2026-07-28) and ``saga_status``
+    (a tool call that reads the journal once)."""
+    begun = await client.call_tool("saga_begin", {"purpose": "bench"})
+    saga_id = begun.structured_content["saga_id"]
+
+    async def listed(i: int) -> None:
+        await client.list_tools()
+
+    async def status(i: int) -> None:
+        r = await client.call_tool("saga_status", {"saga_id": saga_id})
+        if r.is_error:
+            raise RuntimeError(r.content)
+
+    return {"stdio_list": listed, "stdio_status": status}
+
+
 def _direct(system: Any) -> Call:
     saga = system.sw.begin(f"bench-mcp-direct-{os.getpid()}")
     noop = system.tasks["noop"]
@@ -108,7 +126,7 @@ async def _measure(system: Any, db: str, queue: str, calls: int, rounds: int
             async with Client(stdio_client(params, errlog=errlog)) as stdio, \
                     Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp")) as http:
                 ways = {"direct": _direct(system), "stdio": await _session(stdio),
-                        "http": await _session(http)}
+                        "http": await _session(http), **await _floors(stdio)}
                 for call in ways.values():  # warm-up: connections, pools, queues
                     await _timed(call, 20, 0)
                 got: dict[str, list[float]] = {name: [] for name in ways}

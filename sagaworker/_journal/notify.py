@@ -127,6 +127,11 @@ class Notifier:
         self._idle_since = time.monotonic()
         self.listening = False
 
+    def registered(self, saga_id: str) -> bool:
+        """Listening, and the saga registered: a wait on it registers with no round trip."""
+        with self._lock:
+            return self.listening and saga_id in self._registered
+
     def notifies(self, saga_id: str) -> bool:
         """A notification will arrive for any later outcome of the saga: listening, the
         saga registered, and not just now (an outcome being committed may have missed it)."""

@@ -194,26 +194,31 @@ class JournalReads:
                                                       entries.c.call_id == call_id)).first()
 
     def settled(self, steps: Sequence[tuple[str, int]], saga_ids: Sequence[str]
-                ) -> tuple[set[tuple[str, int]], set[str]]:
-        """Of these steps, those with an outcome; of these sagas, the terminal ones (or
-        gone): one read for every waiting ``aresult`` of a process."""
-        done_steps: set[tuple[str, int]] = set()
+                ) -> tuple[dict[tuple[str, int], Any], set[str]]:
+        """Of these steps, the entry rows of those with an outcome (None for a step not
+        in the journal: pruned, or never there); of these sagas, the terminal ones (or
+        gone): one read for every waiting ``aresult`` of a process. It reads the steps
+        waited on, not every entry of their sagas (a long saga's wait costs what a short
+        one's does), and the row it brings is the wait's answer."""
+        done_steps: dict[tuple[str, int], Any] = {}
         done_sagas: set[str] = set()
         waiting = (Phase.INTENT.value, Phase.AWAITING_APPROVAL.value)
         with self.reader.connect() as conn:
+            if self.reader.dialect.name == "postgresql":  # (no BEGIN, no ROLLBACK)
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             wanted = set(steps)
-            for chunk in _chunks(sorted({s for s, _ in steps}), 500):
-                rows = conn.execute(select(entries.c.saga_id, entries.c.seq, entries.c.phase)
-                                    .where(entries.c.saga_id.in_(chunk))).all()
-                done_steps.update((r.saga_id, r.seq) for r in rows
-                                  if (r.saga_id, r.seq) in wanted and r.phase not in waiting)
-            for chunk in _chunks(sorted(set(saga_ids)), 500):
+            for chunk in _chunks(sorted(wanted), 500):
+                read = {(r.saga_id, r.seq): r for r in conn.execute(select(entries).where(
+                    entries.c.saga_id.in_({s for s, _ in chunk}),
+                    entries.c.seq.in_({q for _, q in chunk}))).all()}
+                done_steps.update((key, row) for key in chunk
+                                  if (row := read.get(key)) is None or row.phase not in waiting)
+            for ids in _chunks(sorted(set(saga_ids)), 500):
                 found = {r.saga_id: r.status for r in conn.execute(
-                    select(sagas.c.saga_id, sagas.c.status).where(sagas.c.saga_id.in_(chunk)))}
-                done_sagas.update(s for s in chunk
+                    select(sagas.c.saga_id, sagas.c.status).where(sagas.c.saga_id.in_(ids)))}
+                done_sagas.update(s for s in ids
                                   if s not in found or SagaStatus(found[s]) in TERMINAL)
         return done_steps, done_sagas
-
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -71,6 +71,12 @@ class Journal(JournalReads, SagaNonces):
                     self._notifier = Notifier(self.engine)
         return self._notifier.watch(saga_id, wake)
 
+    def registered(self, saga_id: str) -> bool:
+        """Whether this process listens for the saga's notifications already (PostgreSQL):
+        a wait on it then registers with no round trip."""
+        notifier = self._notifier
+        return notifier is not None and notifier.registered(saga_id)
+
     def write(self, body: Callable[[Connection], _T],
               landed: Callable[[], _T | None] | None = None) -> _T:
         """Run ``body`` in a write transaction (``transactions.write``: replayed when it

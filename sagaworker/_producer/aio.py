@@ -72,8 +72,9 @@ class Hub:
 
     def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
         self.rt, self._loop = rt, weakref.ref(loop)
-        self._steps: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
-        self._sagas: dict[str, set[asyncio.Future[None]]] = {}
+        #: the waits on a step, answered with its entry row (the hub's read brings it)
+        self._steps: dict[tuple[str, int], set[asyncio.Future[Any]]] = {}
+        self._sagas: dict[str, set[asyncio.Future[Any]]] = {}
         #: per waited saga: its notification registration, and how many wait on it
         self._watches: dict[str, _Watch] = {}
         self._poked = False
@@ -89,18 +90,18 @@ class Hub:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def wait_step(self, saga_id: str, seq: int) -> None:
-        """Returns once the step has an outcome (cancel it for a timeout)."""
-        await self._wait(self._steps, (saga_id, seq), saga_id)
+    async def wait_step(self, saga_id: str, seq: int) -> Any:
+        """The step's entry row once it has an outcome (cancel it for a timeout)."""
+        return await self._wait(self._steps, (saga_id, seq), saga_id)
 
     async def wait_saga(self, saga_id: str) -> None:
         """Returns once the saga is terminal (or not in the journal)."""
         await self._wait(self._sagas, saga_id, saga_id)
 
-    async def _wait(self, table: dict[Any, set[asyncio.Future[None]]], key: Any,
-                    saga_id: str) -> None:
+    async def _wait(self, table: dict[Any, set[asyncio.Future[Any]]], key: Any,
+                    saga_id: str) -> Any:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         table.setdefault(key, set()).add(fut)
         try:
             watch = self._watch(saga_id)
@@ -110,7 +111,7 @@ class Hub:
                 self._task = loop.create_task(self._run(), name="sagaworker-aresult")
                 self._task.add_done_callback(self._ran)
             self.poke()
-            await fut
+            return await fut
         finally:
             waiting = table.get(key)
             if waiting is not None:
@@ -126,8 +127,12 @@ class Hub:
         if watch is None:
             wake = _LoopWake(self)
             cm = self.rt.journal.watch(saga_id, wake)
-            watch = self._watches[saga_id] = _Watch(
-                cm, wake, asyncio.ensure_future(offload(cm.__enter__)))
+            if self.rt.journal.registered(saga_id):  # a lock and a dict: on the loop
+                entered: asyncio.Future[Wake] = asyncio.get_running_loop().create_future()
+                entered.set_result(cm.__enter__())
+            else:
+                entered = asyncio.ensure_future(offload(cm.__enter__))
+            watch = self._watches[saga_id] = _Watch(cm, wake, entered)
         watch.count += 1
         return watch
 
@@ -165,11 +170,11 @@ class Hub:
             except Exception as exc:  # the database away: the waits keep waiting, and retry
                 _log.warning("aresult_read_failed",
                              error=f"{type(exc).__name__}: {str(exc)[:200]}")
-                done_steps, done_sagas = set(), set()
-            for key in done_steps:
+                done_steps, done_sagas = {}, set()
+            for key, row in done_steps.items():
                 for fut in self._steps.get(key, ()):
                     if not fut.done():
-                        fut.set_result(None)
+                        fut.set_result(row)
             for saga_id in done_sagas:
                 for fut in self._sagas.get(saga_id, ()):
                     if not fut.done():
@@ -203,11 +208,12 @@ async def hub_of(rt: Runtime) -> Hub:
     return hub
 
 
-async def wait_for(awaitable: Any, timeout: float | None, what: str) -> None:
-    """``awaitable`` within ``timeout`` seconds, else the synchronous calls' TimeoutError."""
+async def wait_for(awaitable: Any, timeout: float | None, what: str) -> Any:
+    """``awaitable``'s value within ``timeout`` seconds, else the synchronous calls'
+    TimeoutError."""
     try:
         async with asyncio.timeout(timeout):
-            await awaitable
+            return await awaitable
     except TimeoutError:
         raise timed_out(what, timeout) from None
 

@@ -54,6 +54,10 @@ def poll(check: Callable[[], Any], timeout: float | None, what: str,
         delay = min(delay * 1.5, MAX_DELAY)
 
 
+def _no_step(saga_id: str, seq: int) -> str:
+    return f"no step {seq} of saga {saga_id!r} in the journal (pruned, or another journal)"
+
+
 class Step:
     """A journaled tool step; ``result()`` waits for its outcome in the journal."""
 
@@ -86,8 +90,7 @@ class Step:
         def check() -> Any:
             row = self.rt.journal.entry_row(self.saga_id, self.seq)
             if row is None:
-                raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the "
-                                   "journal (pruned, or another journal)")
+                raise SagaNotFound(_no_step(self.saga_id, self.seq))
             return row if row.phase not in (Phase.INTENT, Phase.AWAITING_APPROVAL) else None
 
         # one read first: a step that has its outcome registers no wait (on PostgreSQL a
@@ -106,19 +109,23 @@ class Step:
             return known
         own, rows = self.rt.journal.entry_and_outcomes(self.saga_id, self.seq)
         if own is None:
-            raise SagaNotFound(f"no step {self.seq} of saga {self.saga_id!r} in the journal "
-                               "(pruned, or another journal)")
+            raise SagaNotFound(_no_step(self.saga_id, self.seq))
         self._outcomes.update((r.seq, r) for r in rows if r.phase not in _PENDING)
         return own
 
     async def aresult(self, timeout: float | None = None) -> Any:
         """``result()``, awaitable: no thread waits (``aio``). Like ``result()`` it reads
         the journal once before it waits (``timeout=0``: that one read)."""
-        row: Any = self._outcomes.get(self.seq) or await aio.offload(self._read)
-        if row.phase in _PENDING:
+        row: Any = self._outcomes.get(self.seq)
+        if row is None and not (self.rt.journal_made and
+                                self.rt.journal.registered(self.saga_id)):
+            row = await aio.offload(self._read)  # (a finished step registers nothing)
+        if row is None or row.phase in _PENDING:  # the hub's read brings the outcome
             hub = await aio.hub_of(self.rt)
-            await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout, self._what())
-            row = await aio.offload(self.rt.journal.entry_row, self.saga_id, self.seq)
+            row = await aio.wait_for(hub.wait_step(self.saga_id, self.seq), timeout,
+                                     self._what())
+            if row is None:
+                raise SagaNotFound(_no_step(self.saga_id, self.seq))
         return self._outcome(row)
 
     def _outcome(self, row: Any) -> Any:

@@ -138,3 +138,46 @@ def test_an_app_session_writes_sealed_values(tmp_path: Any) -> None:
     assert is_sealed(json.loads(args)) and "4242" not in meta
     assert sw.inspect("enc-1").entries[0].args == [42]
     app.dispose()
+
+
+def test_the_hubs_read_brings_the_outcome_it_wakes_a_wait_with(sqlite_sw: Sagaworker) -> None:
+    """A wait on the last step of a long saga: the hub's read brings that step's row, of
+    the steps waited on only (not every entry of the saga), and ``aresult`` answers from
+    it: no read of the entry after the wake."""
+    thing = unpublished(sqlite_sw)
+    saga = sqlite_sw.begin(uid("long"))
+    steps = saga.enqueue_many([(thing, (i,), {}) for i in range(40)])
+    last = steps[-1]
+    with sqlite_sw.journal.engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.saga_id == saga.saga_id,
+                                           entries.c.seq < last.seq)
+                     .values(phase="EXECUTED"))
+    brought: list[Any] = []
+    real = sqlite_sw.journal.settled
+
+    def counted(st: Any, sg: Any) -> Any:
+        got = real(st, sg)
+        brought.append(got[0])
+        return got
+
+    sqlite_sw.journal.settled = counted  # type: ignore[method-assign]
+
+    async def main() -> Any:
+        wait = asyncio.ensure_future(last.aresult(timeout=30))
+        while not brought:  # the wait is in the hub
+            await asyncio.sleep(0.01)
+        reread: list[Any] = []
+        sqlite_sw.journal.entry_row = lambda *a: reread.append(a)  # type: ignore[method-assign]
+        with sqlite_sw.journal.engine.begin() as conn:
+            conn.execute(update(entries).where(entries.c.saga_id == saga.saga_id,
+                                               entries.c.seq == last.seq)
+                         .values(phase="EXECUTED",
+                                 result=Placed(84, (saga.saga_id, last.seq))))
+        value = await wait
+        assert reread == [], "aresult read the entry again after the hub's read"
+        return value
+
+    assert asyncio.run(main()) == 84
+    assert all(set(got) <= {(saga.saga_id, last.seq)} for got in brought), (
+        "the hub's read brought steps nobody waits on")
+    assert brought[-1][(saga.saga_id, last.seq)].result == 84
