@@ -20,12 +20,15 @@ from bench.harness import BROKERS
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("throughput", "producer", "saga", "compensation", "fanout", "asyncio", "workers",
-            "big", "check", "agents", "ceiling", "enqueue")
+            "big", "check", "agents", "ceiling", "enqueue", "memory")
 #: sections run as a process of their own (each its own database; DBOS's own singleton)
 APART = {"check": ["bench.flows_check", "--sagas", "10000"],
          "agents": ["bench.agent_turns", "--turns", "20"],
          "ceiling": ["bench.ceiling", "--steps", "800"],
-         "enqueue": ["bench.enqueue_alone", "--steps", "1000"]}
+         "enqueue": ["bench.enqueue_alone", "--steps", "1000"],
+         "memory": ["bench.memory", "--steps", "100000"]}
+#: sections measured once, in alternating blocks of their own: no rounds
+ONCE = {"bench.memory": "2000"}
 
 
 def versions() -> dict[str, str]:
@@ -77,10 +80,13 @@ def apart(argv: list[str], rounds: int, quick: bool) -> Any:
     """One benchmark module run in its own process; its JSON (or why it failed)."""
     import subprocess
 
-    args = [sys.executable, "-m", *argv, "--rounds", str(rounds)]
-    if quick:
-        args = [*args[:-4], argv[1], "100" if argv[1] == "--sagas" else "3", "--rounds", "1"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    if argv[0] in ONCE:
+        args = [sys.executable, "-m", argv[0], argv[1], ONCE[argv[0]] if quick else argv[2]]
+    else:
+        args = [sys.executable, "-m", *argv, "--rounds", str(rounds)]
+        if quick:
+            args = [*args[:-4], argv[1], "100" if argv[1] == "--sagas" else "3", "--rounds", "1"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     return json.loads(done.stdout)
