@@ -145,7 +145,11 @@ class Notifier:
             return True
 
     @contextmanager
-    def watch(self, saga_id: str, wake: Wake | None = None) -> Iterator[Wake]:
+    def watch(self, saga_id: str, wake: Wake | None = None, *,
+              register_here: bool = True) -> Iterator[Wake]:
+        """Wake ``wake`` on the saga's notifications while in the block. A saga not
+        registered yet is registered here (one round trip), or, ``register_here=False``
+        (a caller that must not wait on the database), by the listener's thread."""
         if wake is None:
             wake = Wake(self, saga_id)
         else:
@@ -161,7 +165,7 @@ class Notifier:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="sagaworker-listener")
                 self._thread.start()
-        if register:  # else the listener registers it once it listens
+        if register and register_here:  # else the listener registers it
             self._register_here(saga_id)
         try:
             yield wake

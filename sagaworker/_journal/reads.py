@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, or_, select
+from sqlalchemy import bindparam, or_, select, tuple_
 
 from .._base.canonical import unstorable
 from .._base.errors import BadInput, SagaNotFound
@@ -196,10 +196,12 @@ class JournalReads:
     def settled(self, steps: Sequence[tuple[str, int]], saga_ids: Sequence[str]
                 ) -> tuple[dict[tuple[str, int], Any], set[str]]:
         """Of these steps, the entry rows of those with an outcome (None for a step not
-        in the journal: pruned, or never there); of these sagas, the terminal ones (or
-        gone): one read for every waiting ``aresult`` of a process. It reads the steps
-        waited on, not every entry of their sagas (a long saga's wait costs what a short
-        one's does), and the row it brings is the wait's answer."""
+        in the journal: pruned, or never there; the exception opening it raised, for a row
+        no key opens); of these sagas, the terminal ones (or gone): one read for every
+        waiting ``aresult`` of a process. It reads the steps waited on, not every entry of
+        their sagas (a long saga's wait costs what a short one's does), as stored, and
+        opens each row with an outcome on its own: the row is that wait's answer, and
+        one that cannot be opened is that wait's error alone."""
         done_steps: dict[tuple[str, int], Any] = {}
         done_sagas: set[str] = set()
         waiting = (Phase.INTENT.value, Phase.AWAITING_APPROVAL.value)
@@ -208,17 +210,27 @@ class JournalReads:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
             wanted = set(steps)
             for chunk in _chunks(sorted(wanted), 500):
-                read = {(r.saga_id, r.seq): r for r in conn.execute(select(entries).where(
-                    entries.c.saga_id.in_({s for s, _ in chunk}),
-                    entries.c.seq.in_({q for _, q in chunk}))).all()}
-                done_steps.update((key, row) for key in chunk
-                                  if (row := read.get(key)) is None or row.phase not in waiting)
+                read = {(r.saga_id, r.seq): r for r in conn.execute(
+                    raw_select(entries).where(
+                        tuple_(entries.c.saga_id, entries.c.seq).in_(list(chunk)))).all()}
+                for key in chunk:
+                    raw = read.get(key)
+                    if raw is None or raw.phase not in waiting:
+                        done_steps[key] = None if raw is None else _opened(raw, conn.dialect)
             for ids in _chunks(sorted(set(saga_ids)), 500):
                 found = {r.saga_id: r.status for r in conn.execute(
                     select(sagas.c.saga_id, sagas.c.status).where(sagas.c.saga_id.in_(ids)))}
                 done_sagas.update(s for s in ids
                                   if s not in found or SagaStatus(found[s]) in TERMINAL)
         return done_steps, done_sagas
+
+
+def _opened(raw: Any, dialect: Any) -> Any:
+    """A waited entry opened, or the exception opening it raised (its wait's answer)."""
+    try:
+        return opened(raw, entries, dialect)
+    except Exception as exc:  # a value sealed elsewhere, a key missing: this wait's error
+        return exc
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

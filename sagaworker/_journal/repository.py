@@ -61,7 +61,8 @@ class Journal(JournalReads, SagaNonces):
         self._notifier_lock = threading.Lock()
         self._nonces: dict[str, str | None] = {}  # (``SagaNonces``)
 
-    def watch(self, saga_id: str, wake: Wake | None = None) -> AbstractContextManager[Wake]:
+    def watch(self, saga_id: str, wake: Wake | None = None, *,
+              register_here: bool = True) -> AbstractContextManager[Wake]:
         """What a waiting call sleeps on (``poll``; ``aio``'s own): LISTEN/NOTIFY on PG."""
         if not listens(self.engine):
             return nullcontext(wake or Wake(None))
@@ -69,7 +70,7 @@ class Journal(JournalReads, SagaNonces):
             with self._notifier_lock:
                 if self._notifier is None:
                     self._notifier = Notifier(self.engine)
-        return self._notifier.watch(saga_id, wake)
+        return self._notifier.watch(saga_id, wake, register_here=register_here)
 
     def registered(self, saga_id: str) -> bool:
         """Whether this process listens for the saga's notifications already (PostgreSQL):

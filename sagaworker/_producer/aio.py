@@ -126,8 +126,11 @@ class Hub:
         watch = self._watches.get(saga_id)
         if watch is None:
             wake = _LoopWake(self)
-            cm = self.rt.journal.watch(saga_id, wake)
-            if self.rt.journal.registered(saga_id):  # a lock and a dict: on the loop
+            # registered already: a lock and a dict, on the loop, never a round trip here
+            # (a registration that expired meanwhile is made again by the listener's thread)
+            on_loop = self.rt.journal.registered(saga_id)
+            cm = self.rt.journal.watch(saga_id, wake, register_here=not on_loop)
+            if on_loop:
                 entered: asyncio.Future[Wake] = asyncio.get_running_loop().create_future()
                 entered.set_result(cm.__enter__())
             else:
@@ -173,7 +176,11 @@ class Hub:
                 done_steps, done_sagas = {}, set()
             for key, row in done_steps.items():
                 for fut in self._steps.get(key, ()):
-                    if not fut.done():
+                    if fut.done():
+                        continue
+                    if isinstance(row, Exception):  # that row could not be opened
+                        fut.set_exception(row)
+                    else:
                         fut.set_result(row)
             for saga_id in done_sagas:
                 for fut in self._sagas.get(saga_id, ()):

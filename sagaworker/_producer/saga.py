@@ -115,10 +115,11 @@ class Step:
 
     async def aresult(self, timeout: float | None = None) -> Any:
         """``result()``, awaitable: no thread waits (``aio``). Like ``result()`` it reads
-        the journal once before it waits (``timeout=0``: that one read)."""
+        the journal once before it waits (``timeout=0``: that one read); with no timeout,
+        on a saga this process listens for already, the hub's first read is that one."""
         row: Any = self._outcomes.get(self.seq)
-        if row is None and not (self.rt.journal_made and
-                                self.rt.journal.registered(self.saga_id)):
+        if row is None and not (timeout is None and self.rt.journal_made
+                                and self.rt.journal.registered(self.saga_id)):
             row = await aio.offload(self._read)  # (a finished step registers nothing)
         if row is None or row.phase in _PENDING:  # the hub's read brings the outcome
             hub = await aio.hub_of(self.rt)
@@ -126,6 +127,7 @@ class Step:
                                      self._what())
             if row is None:
                 raise SagaNotFound(_no_step(self.saga_id, self.seq))
+            self._outcomes[self.seq] = row  # (an outcome is final)
         return self._outcome(row)
 
     def _outcome(self, row: Any) -> Any:

@@ -80,6 +80,31 @@ def test_aresult_with_a_short_timeout_returns_a_settled_steps_value(url: str,
         sw.journal.engine.dispose()
 
 
+@pytest.mark.parametrize("timeout", [0, 0.001])
+def test_aresult_with_a_short_timeout_on_a_saga_listened_for_returns_its_value(
+        url: str, timeout: float) -> None:
+    """The same on a saga this process listens for already (a step of it was awaited a
+    moment ago, as an agent's earlier tool call is): the read before the wait is skipped
+    only when no timeout is given, so a settled step's value still comes back."""
+    sw, thing, _ = make(url)
+    saga = sw.begin(uid("zr"))
+    first, second = saga.enqueue(thing, 1), saga.enqueue(thing, 2)
+
+    async def main() -> Any:
+        waiting = asyncio.ensure_future(first.aresult(30))
+        await asyncio.sleep(0.3)  # the hub waits on the saga: registered
+        await asyncio.to_thread(executed, url, saga.saga_id, first.seq, 10)
+        assert await waiting == 10
+        assert sw.journal.registered(saga.saga_id), "the saga is not listened for"
+        await asyncio.to_thread(executed, url, saga.saga_id, second.seq, 20)
+        return await second.aresult(timeout)
+
+    try:
+        assert asyncio.run(main()) == 20
+    finally:
+        sw.journal.engine.dispose()
+
+
 @pytest.mark.parametrize("outcome", ["rejected", "failed"])
 def test_agent_pending_raises_what_result_raises(url: str, outcome: str) -> None:
     """AgentTools.pending on a gated call whose step was rejected (or approved, then

@@ -5,6 +5,7 @@ per test: rotation rewrites every row of the journal)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -662,3 +663,31 @@ def test_a_place_key_stored_with_a_copied_token_is_ignored(make_sw: Any,
     assert [o.saga_id for o in sw.sweeper.orphans(0)] == []
     with pytest.raises(SealedElsewhere):
         sw.inspect("forged")
+
+
+def test_a_result_copied_into_a_waited_step_fails_that_wait_alone(
+        make_sw: Any, db_url: str) -> None:
+    """Two steps of two sagas awaited on one loop (one read of the hub for both): one's
+    result is a copy, made with SQL, of another saga's. Its ``aresult`` raises
+    SealedElsewhere; the other's returns its value. (One row no key opens never stalls
+    the other waits of the loop.)"""
+    sw: Sagaworker = make_sw(KEY_A)
+    _, source = run_sagas(sw, "-src")
+    spec = sw.registry.tool(RESERVE)
+    assert spec is not None
+    copied, fine = sw.begin("copied"), sw.begin("fine")
+    steps = [s.enqueue(spec.task, SKU, quantity=1) for s in (copied, fine)]
+
+    async def main() -> list[Any]:
+        waits = [asyncio.ensure_future(s.aresult(20)) for s in steps]
+        await asyncio.sleep(0.3)  # both wait in the hub
+        await asyncio.to_thread(run_step, sw, "fine", 1, RESERVE, RESERVATION)
+        await asyncio.to_thread(copy, db_url, ENTRY, "result", {"saga_id": source, "seq": 1},
+                                {"saga_id": "copied", "seq": 1})
+        await asyncio.to_thread(sql, db_url, f"UPDATE {ENTRY} SET phase = 'EXECUTED' "
+                                "WHERE saga_id = 'copied' AND seq = 1")
+        return list(await asyncio.gather(*waits, return_exceptions=True))
+
+    got, value = asyncio.run(main())
+    assert value == RESERVATION
+    assert isinstance(got, SealedElsewhere), got
