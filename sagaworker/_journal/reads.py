@@ -80,6 +80,11 @@ _NEAR = (select(entries).where(
     .order_by(entries.c.seq).limit(NEAR))
 
 
+#: the entries waited on, as stored (``settled``; built once, as ``_JOINED``)
+_WAITED = raw_select(entries).where(
+    tuple_(entries.c.saga_id, entries.c.seq).in_(bindparam("keys", expanding=True)))
+
+
 class JournalReads:
     """Part of ``Journal``: its reads."""
 
@@ -211,8 +216,7 @@ class JournalReads:
             wanted = set(steps)
             for chunk in _chunks(sorted(wanted), 500):
                 read = {(r.saga_id, r.seq): r for r in conn.execute(
-                    raw_select(entries).where(
-                        tuple_(entries.c.saga_id, entries.c.seq).in_(list(chunk)))).all()}
+                    _WAITED, {"keys": list(chunk)}).all()}
                 for key in chunk:
                     raw = read.get(key)
                     if raw is None or raw.phase not in waiting:
