@@ -259,8 +259,12 @@ def test_a_browser_signs_in_to_read_when_anonymous_reads_are_off(
         assert "order-1004" in browser.js("document.body.innerText")
         assert browser.visible("button.op") == 0
         assert browser.js("document.cookie") == ""  # HttpOnly: no script reads it
+        # signing out shows the sign-in form at once, then reloads the page: a token typed
+        # before the reload is lost with it. A mark on ``window`` is gone once it reloaded.
+        browser.js("window.__before_signout = true")
         browser.click("#reader-signout")
-        browser.wait("document.body.dataset.signin === '1'", "the sign-in page again")
+        browser.wait("!window.__before_signout && document.readyState === 'complete' && "
+                     "document.body.dataset.signin === '1'", "the sign-in page, reloaded")
         browser.type("#op-token", ALICE_TOKEN)
         browser.click("#signin-button")
         browser.wait("!document.body.dataset.signin && document.getElementById("
