@@ -7,7 +7,9 @@ measured three ways in alternating blocks within one run:
 - ``direct``: ``saga.enqueue(noop, key).result()`` in this process (the floor);
 - ``stdio``: ``tools/call`` of ``noop`` through a ``sagaworker -A bench.mcp_app mcp``
   process spawned by the MCP SDK's client (what a desktop host does);
-- ``http``: the same through ``sagaworker mcp --http 127.0.0.1:PORT`` (Streamable HTTP).
+- ``http``: the same through ``sagaworker mcp --http 127.0.0.1:PORT`` (Streamable HTTP);
+- ``stdio_threads``: ``stdio`` with the pipes served by the MCP SDK's own ``stdio_server``
+  (a thread for each line read and each write), as before ``sagaworker.mcp.pipes``.
 
 It prints one JSON object: each way's median and p95 latency (ms) and the median added
 latency of each MCP transport over ``direct``.
@@ -74,6 +76,12 @@ async def _session(client: Client) -> Call:
     return call
 
 
+#: the server as ``stdio``, but on the SDK's threaded stdio (pipes taken as unpollable)
+THREADED = ("import sys; import sagaworker.mcp.pipes as pipes; "
+            "pipes.pollable = lambda fd: False; from sagaworker.cli import main; "
+            "main(sys.argv[1:])")
+
+
 async def _floors(client: Client) -> dict[str, Call]:
     """What a call costs before sagaworker's step: ``tools/list`` (the transport and the
     SDK's request handling; ``ping`` left the protocol in 2026-07-28) and ``saga_status``
@@ -122,10 +130,14 @@ async def _measure(system: Any, db: str, queue: str, calls: int, rounds: int
                 break
             await anyio.sleep(0.1)
         params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=env, cwd=str(ROOT))
+        threaded = StdioServerParameters(command=cmd[0], args=["-c", THREADED, *cmd[3:]],
+                                         env=env, cwd=str(ROOT))
         with (LOG_DIR / "mcp-stdio.log").open("a") as errlog:
             async with Client(stdio_client(params, errlog=errlog)) as stdio, \
+                    Client(stdio_client(threaded, errlog=errlog)) as old, \
                     Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp")) as http:
                 ways = {"direct": _direct(system), "stdio": await _session(stdio),
+                        "stdio_threads": await _session(old),
                         "http": await _session(http), **await _floors(stdio)}
                 for call in ways.values():  # warm-up: connections, pools, queues
                     await _timed(call, 20, 0)
@@ -164,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             "calls": a.calls, "rounds": a.rounds, "median_ms": median,
             "p95_ms": {k: round(_p95(v), 3) for k, v in got.items()},
             "added_median_ms": {k: round(median[k] - median["direct"], 3)
-                                for k in ("stdio", "http")}}))
+                                for k in ("stdio", "stdio_threads", "http")}}))
     finally:
         worker.stop()
         with system.app.connection_for_write() as conn:

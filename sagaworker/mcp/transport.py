@@ -8,7 +8,7 @@ valid token); without tokens only a loopback address is served.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.stdio import stdio_server
@@ -16,6 +16,7 @@ from pydantic import AnyHttpUrl
 
 from .._base.errors import ConfigurationError
 from .access import TokenVerifier, is_loopback
+from .pipes import pipe_stdio
 from .server import SagaServer
 
 __all__ = ["PATH", "http_app", "parse_address", "serve_http", "serve_stdio"]
@@ -34,10 +35,13 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 async def serve_stdio(server: SagaServer) -> None:
-    """Serve over the process's stdin and stdout until the host closes them."""
+    """Serve over the process's stdin and stdout until the host closes them: on the loop
+    when they are pipes or sockets (``pipes``), else through the SDK's threads."""
     low = server.server()
-    async with stdio_server() as (read, write):
-        await low.run(read, write, low.create_initialization_options())
+    async with pipe_stdio() as pipes:
+        streams = stdio_server() if pipes is None else stdio_server(*cast(Any, pipes))
+        async with streams as (read, write):
+            await low.run(read, write, low.create_initialization_options())
 
 
 def http_app(server: SagaServer, host: str, port: int,

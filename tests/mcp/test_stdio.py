@@ -5,16 +5,18 @@ charge_card (the card "declined" fails; undo: refund_card), send_voucher (IRREVE
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 import anyio
 import pytest
 
 from sagaworker import Phase, SagaStatus
-from tests.conftest import Cluster, uid, wait_for
-from tests.mcp.serve import CALL_ID, begin, stdio
+from tests.conftest import ROOT, Cluster, uid, wait_for
+from tests.mcp.serve import CALL_ID, COMMAND, begin, env, stdio
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 
 
 def kinds(c: Cluster, key: str) -> list[tuple[str, str]]:
@@ -220,3 +222,27 @@ def test_a_slow_step_answers_running_with_progress_and_a_closed_transport_stops_
     assert [(s["tool"], s["phase"], s["result"]) for s in got["steps"]] == [
         ("step", "EXECUTED", "slow-done"), ("step", "EXECUTED", "abandoned-done")]
     assert kinds(cluster, key) == [("effect", "slow"), ("effect", "abandoned")]
+
+
+@pytest.mark.one_broker
+def test_a_server_given_files_for_stdin_and_stdout_answers_through_the_sdks_threads(
+        cluster: Cluster) -> None:
+    """`sagaworker mcp < requests.jsonl > answers.jsonl`: files, not pipes, so served by the
+    SDK's threads (the loop cannot poll a file); each request is answered, in the file."""
+    requests = cluster.tmp / "requests.jsonl"
+    answers = cluster.tmp / "answers.jsonl"
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "a-file", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with requests.open("rb") as stdin, answers.open("wb") as stdout:
+        proc = subprocess.run(COMMAND, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+                              env=env(cluster), cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [a["id"] for a in got] == [1, 2], got
+    assert got[0]["result"]["serverInfo"]["name"] == "sagaworker"
+    assert {"book_hotel", "saga_begin"} <= {t["name"] for t in got[1]["result"]["tools"]}
