@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -160,9 +161,10 @@ BOTH_BROKERS = os.environ.get("SAGAWORKER_TEST_BOTH_BROKERS") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A slow test marked ``one_broker`` keeps one of its broker variants in ``make test``
-    (which must stay under its budget): the one its name picks, so each broker takes its
-    share of those tests. ``make slow`` runs them on both."""
+    """A test marked ``one_broker`` keeps one of its broker variants in ``make test``
+    (which must stay under its budget): the one its module's path picks, so a module's
+    broker-parametrized fixtures start on one broker only, and each broker takes its share
+    of the modules. ``make slow`` runs them on both."""
     if BOTH_BROKERS:
         return
     names = sorted(BROKERS)
@@ -173,8 +175,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         broker = None if spec is None else next(
             (v for v in spec.params.values() if isinstance(v, str) and v in BROKERS), None)
         if broker is not None and item.get_closest_marker("one_broker") is not None:
-            rest = item.nodeid.replace(broker, "")
-            if broker != names[zlib.crc32(rest.encode()) % len(names)]:
+            module = item.nodeid.split("::")[0]
+            if broker != names[zlib.crc32(module.encode()) % len(names)]:
                 dropped.append(item)
                 continue
         keep.append(item)
@@ -314,6 +316,20 @@ class Cluster:
                 proc.wait(5)
         self.workers.clear()
 
+    def close(self) -> None:
+        """At teardown: the workers killed (process group: the pool's children too; a warm
+        shutdown takes 2-3 s a worker, spent on nothing a test checks), then the queues
+        deleted. A test that stops its workers to check what a stop does uses
+        ``stop_workers``."""
+        for proc, _ in self.workers:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # start_worker: a session of its own
+        for proc, _ in self.workers:
+            proc.wait(20)
+        self.workers.clear()
+        self.cleanup_queues()
+
     def events(self, saga_id: str | None = None) -> list[dict[str, Any]]:
         """Every JSON log line the workers wrote (for one saga, if given)."""
         out = []
@@ -376,8 +392,7 @@ def _cluster(request: pytest.FixtureRequest, pg_url: str,
     c = Cluster(new_settings(pg_url, broker, tmp, **over), tmp, request.param)
     c.start_worker()
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 @pytest.fixture(scope="module", params=sorted(BROKERS))

@@ -34,6 +34,9 @@ from sagaworker.agents import langchain as sw_lc
 from sagaworker.agents._core import failed_in
 from tests.conftest import ROOT, Cluster, uid
 
+#: the framework's own logic on the journal: make test runs it on one broker, make slow both
+pytestmark = pytest.mark.one_broker
+
 T = 60
 TOOLS = ("book_hotel", "charge_card", "send_voucher")
 

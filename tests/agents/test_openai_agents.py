@@ -50,7 +50,7 @@ from tests.conftest import (
     worker_env,
 )
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 set_tracing_disabled(True)  # no trace exporter, no key
 T = 60
 TOOLS = ("book_hotel", "charge_card", "send_voucher")
@@ -519,8 +519,7 @@ def crash_db(request: pytest.FixtureRequest,
     cl = Cluster(new_settings(url, broker, tmp, idle_after=IDLE_AFTER), tmp, request.param)
     cl.start_worker(SAGAWORKER_IDLE_AFTER=str(IDLE_AFTER))
     yield cl
-    cl.stop_workers()
-    cl.cleanup_queues()
+    cl.close()
     cl.sw.journal.engine.dispose()
     forget(url)
     with psycopg.connect("host=127.0.0.1 user=root dbname=postgres", autocommit=True) as c:

@@ -39,7 +39,7 @@ from sagaworker.agents import pydantic_ai as sw_agents
 from sagaworker.agents._core import failed_in
 from tests.conftest import ROOT, Cluster, uid
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 TRIP = ("book_hotel", "charge_card", "send_voucher")
 

@@ -58,8 +58,7 @@ def fault_cluster(request: pytest.FixtureRequest, pg_url: str,
                   tmp_path: Path) -> Iterator[Cluster]:
     c = make_cluster(request.param, pg_url, tmp_path)
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 def restart_worker(c: Cluster, i: int = 0, extra: tuple[str, ...] = (), **env: str) -> None:
@@ -201,8 +200,7 @@ def test_compensation_worker_killed_mid_chain(broker: str, pg_url: str,
         assert f.faults >= 1 and f.compensated > 0
         assert_clean(f)
     finally:
-        c.stop_workers()
-        c.cleanup_queues()
+        c.close()
 
 
 @pytest.mark.parametrize("fault_cluster", ["redis"], indirect=True)

@@ -37,8 +37,7 @@ def defaults(request: pytest.FixtureRequest, pg_url: str,
     c.start_worker()
     c.start_worker()
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 def holder(c: Cluster, key: str) -> int:

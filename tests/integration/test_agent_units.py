@@ -18,7 +18,7 @@ from tests.conftest import Cluster, uid, wait_for
 from tests.integration.test_durable_agents import effects, gone, turns
 
 pytest.importorskip("pydantic_ai")
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 FLOWS = "tests.apps.agent_runs"
 

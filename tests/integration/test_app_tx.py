@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from sagaworker import ConfigurationError, Phase, SagaExists, SagaStatus
 from tests.conftest import ROOT, Cluster, uid, wait_for, worker_env
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 
 app_meta = MetaData()

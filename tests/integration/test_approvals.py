@@ -23,7 +23,7 @@ from sagaworker._journal.schema import entries
 from sagaworker._producer.approvals import Signer
 from tests.conftest import TEST_SECRET, Cluster, uid, wait_for
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 
 

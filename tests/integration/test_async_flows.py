@@ -9,7 +9,7 @@ from sagaworker import Phase, SagaStatus
 from tests.apps.cluster import async_steps
 from tests.conftest import Cluster, uid, wait_for
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 
 

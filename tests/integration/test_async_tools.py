@@ -25,8 +25,7 @@ def _one(pg_url: str, tmp: Path, pool: str, concurrency: int) -> Iterator[Cluste
     c = Cluster(new_settings(pg_url, BROKERS["rabbitmq"], tmp), tmp, "rabbitmq")
     c.start_worker(concurrency=concurrency, pool=pool)
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 @pytest.fixture(scope="module")

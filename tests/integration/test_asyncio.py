@@ -16,7 +16,7 @@ from tests.conftest import Cluster, uid
 from tests.integration._pgdb import execute
 from tests.integration.test_notify import make_sw, notify_url  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 from sagaworker import ConfigurationError, Phase, SagaExists, SagaStatus, Sagaworker
 from tests.conftest import ROOT, Cluster, uid, wait_for, worker_env
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 SETTINGS = "tests.django_project.shop.settings"
 

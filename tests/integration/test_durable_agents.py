@@ -19,7 +19,7 @@ from tests.conftest import Cluster, uid, wait_for
 pytest.importorskip("pydantic_ai")
 create_app = pytest.importorskip("sagaworker.web").create_app
 WebAuth = pytest.importorskip("sagaworker.web").WebAuth
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 UNIT = "unit:trip__model.request"
 

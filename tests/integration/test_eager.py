@@ -19,7 +19,7 @@ from tests.apps.cluster import (
 )
 from tests.conftest import Cluster, uid, wait_for
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 
 

@@ -381,8 +381,7 @@ def test_a_keyless_worker_stops_when_encryption_is_turned_on(
         assert len(events) == 1 and events[0]["level"] == "critical"
         assert "SAGAWORKER_ENCRYPTION_KEYS" in events[0]["error"]
     finally:
-        c.stop_workers()
-        c.cleanup_queues()
+        c.close()
         c.sw.rt.reset_engine()
 
 

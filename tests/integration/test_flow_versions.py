@@ -17,7 +17,7 @@ from sagaworker._worker.check import Finding, check_flows
 from tests.apps.cluster import versioned
 from tests.conftest import Cluster, uid, wait_for
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 FLOW = "tests.apps.cluster.versioned"
 

@@ -17,7 +17,7 @@ from tests.integration.test_agent_units import charge, events, hotel, start
 from tests.integration.test_durable_agents import effects, turns
 
 pytest.importorskip("pydantic_ai")
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 REQUEST = "unit:mailer_plain__model.request"
 
@@ -96,8 +96,7 @@ def single(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
                              relay_after=2, sweep_interval=1), tmp, "rabbitmq")
     c.start_worker(concurrency=1)
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 def test_no_worker_waits_out_a_backoff(single: Cluster) -> None:

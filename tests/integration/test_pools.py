@@ -41,8 +41,7 @@ def pool_cluster(request: pytest.FixtureRequest, pg_url: str,
     # the worker really runs that pool
     assert banner in c.workers[0][1].read_text(errors="replace"), f"not a {pool} worker"
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 @pytest.fixture(scope="module")

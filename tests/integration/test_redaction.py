@@ -31,8 +31,7 @@ def red_cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     c = Cluster(new_settings(pg_url, broker, tmp, redact="card"), tmp, "rabbitmq")
     c.start_worker(SAGAWORKER_REDACT="card", SAGAWORKER_LOG_LEVEL="DEBUG")
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 def worker_log(c: Cluster) -> str:

@@ -118,8 +118,7 @@ def busy(request: pytest.FixtureRequest,
         c.start_worker(concurrency=2)
         yield c
     finally:
-        c.stop_workers()
-        c.cleanup_queues()
+        c.close()
         c.sw.dispose_engine()
         forget(url)
         with psycopg.connect("host=127.0.0.1 user=root dbname=postgres",

@@ -267,8 +267,7 @@ def keyed_journal(request: pytest.FixtureRequest,
     try:
         yield c
     finally:
-        c.stop_workers()
-        c.cleanup_queues()
+        c.close()
         c.sw.dispose_engine()
         forget(url)
         with psycopg.connect("host=127.0.0.1 user=root dbname=postgres",

@@ -70,8 +70,7 @@ def ev_cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory
         receiver.should_stop = True
         thread.join(10)
         conn.release()
-        c.stop_workers()
-        c.cleanup_queues()
+        c.close()
 
 
 def worker_log(c: Cluster) -> str:

@@ -17,7 +17,7 @@ from sagaworker import SagaStatus
 from tests.apps import spans
 from tests.conftest import BROKERS, Cluster, _broker, need, new_settings, uid, wait_for
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 T = 60
 STEP = "tests.apps.cluster.step"
 IDEM = "tests.apps.cluster.idem"
@@ -49,8 +49,7 @@ def _traced(request: pytest.FixtureRequest, pg_url: str,
     c.trace_env = {"TEST_SPANS_FILE": c.spans_file, **extra_env}  # type: ignore[attr-defined]
     c.start_worker(**c.trace_env)  # type: ignore[attr-defined]
     yield c
-    c.stop_workers()
-    c.cleanup_queues()
+    c.close()
 
 
 @pytest.fixture(scope="module", params=sorted(BROKERS))

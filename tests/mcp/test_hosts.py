@@ -31,7 +31,7 @@ from sagaworker import Phase, SagaStatus
 from tests.conftest import ROOT, Cluster, uid
 from tests.mcp.serve import COMMAND, env, stdio_transport
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 set_tracing_disabled(True)  # no trace exporter, no key
 
 SAGA_ID = re.compile(r"mcp-[A-Za-z0-9_-]{20,}")

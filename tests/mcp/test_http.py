@@ -16,7 +16,7 @@ from sagaworker import Phase, SagaStatus
 from tests.conftest import Cluster, uid, wait_for
 from tests.mcp.serve import ALICE, BOB, TOKENS, begin, http, http_server
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 
 
 

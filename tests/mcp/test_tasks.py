@@ -18,7 +18,7 @@ from sagaworker import Phase, SagaStatus
 from tests.conftest import Cluster, uid, wait_for
 from tests.mcp.serve import ALICE, BOB, TOKENS, begin, fastmcp_stdio, http_server
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.one_broker]
 
 EMAIL = "ana@example.com"
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, settings
 from tests.statemachine.model import JournalMachine
 
 FUZZ = os.environ.get("SAGAWORKER_FUZZ") == "1"
-EXAMPLES = int(os.environ.get("SAGAWORKER_FUZZ_EXAMPLES", "2000" if FUZZ else "130"))
+EXAMPLES = int(os.environ.get("SAGAWORKER_FUZZ_EXAMPLES", "2000" if FUZZ else "90"))
 STEPS = int(os.environ.get("SAGAWORKER_FUZZ_STEPS", "60" if FUZZ else "35"))
 SHRINK = os.environ.get("SAGAWORKER_FUZZ_SHRINK") == "1"
 
