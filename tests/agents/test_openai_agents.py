@@ -550,7 +550,6 @@ def kill_after_the_hotel(c: Cluster, key: str, deadline: float, log: Path) -> in
             proc.wait(T)
 
 
-@pytest.mark.one_broker
 def test_a_killed_agents_saga_is_compensated_at_its_deadline(crash_db: Cluster,
                                                              tmp_path: Path) -> None:
     """The agent process is SIGKILLed after booking the hotel, its run unfinished: the saga
@@ -567,7 +566,6 @@ def test_a_killed_agents_saga_is_compensated_at_its_deadline(crash_db: Cluster,
     assert event["level"] == "warning"
 
 
-@pytest.mark.one_broker
 def test_a_killed_agents_saga_without_deadline_is_reported_idle(crash_db: Cluster,
                                                                 tmp_path: Path) -> None:
     """Without a deadline, the killed agent's saga is RUNNING with no step in flight: the

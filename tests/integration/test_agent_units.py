@@ -43,7 +43,6 @@ def events(c: Cluster, key: str, name: str) -> list[dict[str, Any]]:
     return [e for e in c.events(key) if e.get("event") == name]
 
 
-@pytest.mark.one_broker
 def test_an_openai_agents_plain_function_tool_runs_once_across_replays(
         crash_cluster: Cluster) -> None:
     """A plain ``@function_tool`` first, then three ``flow_tools`` steps: each step's
@@ -60,7 +59,6 @@ def test_an_openai_agents_plain_function_tool_runs_once_across_replays(
     assert names[:2] == ["unit:mailer__model.request", "unit:mailer__tool.send_mail"]
 
 
-@pytest.mark.one_broker
 def test_parallel_calls_a_flow_step_and_a_function_tool_each_run_once(
         crash_cluster: Cluster) -> None:
     """One response asks for a plain function tool and a ``flow_toolset`` step at once:
@@ -74,7 +72,6 @@ def test_parallel_calls_a_flow_step_and_a_function_tool_each_run_once(
     assert not events(c, key, "step_rerun") and not events(c, key, "step_in_doubt")
 
 
-@pytest.mark.one_broker
 def test_a_failing_call_leaves_no_sibling_claimed(crash_cluster: Cluster) -> None:
     """One response asks for a function tool that raises and one that is still running
     then: the run fails and compensates the hotel; the sibling finishes and journals its
@@ -108,7 +105,6 @@ def _kill_in_mail(c: Cluster, key: str) -> int:
     return pid
 
 
-@pytest.mark.one_broker
 def test_a_function_tool_killed_mid_body_is_in_doubt_not_run_again(
         crash_cluster: Cluster) -> None:
     """SIGKILL of the process running a plain function tool: it may have mailed, so it is
@@ -133,7 +129,6 @@ def test_a_function_tool_killed_mid_body_is_in_doubt_not_run_again(
     assert [e["seq"] for e in events(c, key, "step_in_doubt")] == [mailed.seq]
 
 
-@pytest.mark.one_broker
 def test_a_function_tool_declared_idempotent_is_run_again_after_a_kill(
         crash_cluster: Cluster) -> None:
     """``Durability(sw, idempotent_tools={"send_mail"})``: the killed mail is run again
@@ -148,7 +143,6 @@ def test_a_function_tool_declared_idempotent_is_run_again_after_a_kill(
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
 
 
-@pytest.mark.one_broker
 def test_a_units_value_is_the_journaled_one_on_its_first_run_too(
         crash_cluster: Cluster) -> None:
     """The agent's output (with keys PostgreSQL's jsonb reorders) reaches a step's
@@ -162,7 +156,6 @@ def test_a_units_value_is_the_journaled_one_on_its_first_run_too(
     assert not events(c, key, "flow_diverged")
 
 
-@pytest.mark.one_broker
 def test_a_tool_steps_result_is_the_journaled_one_on_the_first_run_too(
         crash_cluster: Cluster) -> None:
     """The same for a tool step's result handed on by a flow (run eagerly by the worker
@@ -178,7 +171,6 @@ def test_a_tool_steps_result_is_the_journaled_one_on_the_first_run_too(
     assert not events(c, key, "flow_diverged")
 
 
-@pytest.mark.one_broker
 def test_a_unit_whose_value_the_journal_cannot_hold_fails_the_run_clearly(
         crash_cluster: Cluster) -> None:
     """A function tool of an OpenAI Agents run returns NaN: its effect happened, so its
@@ -199,7 +191,6 @@ def test_a_unit_whose_value_the_journal_cannot_hold_fails_the_run_clearly(
 # -- what a prompt-injected model can make of a durable run -------------------------------
 
 
-@pytest.mark.one_broker
 def test_a_reused_tool_call_id_is_a_step_of_its_own(crash_cluster: Cluster) -> None:
     """The model names two calls, in two turns, with one tool-call id: each is a step of
     its own (the second id journaled with its occurrence), the run completes (every
@@ -213,7 +204,6 @@ def test_a_reused_tool_call_id_is_a_step_of_its_own(crash_cluster: Cluster) -> N
         f"{key}/mailer_plain/0/dup", f"{key}/mailer_plain/0/dup#2"]
 
 
-@pytest.mark.one_broker
 def test_tool_call_ids_of_a_long_saga_id_stay_unique(crash_cluster: Cluster) -> None:
     """A saga id of 190 characters: its tool-call ids, cut at 200, were one and the same
     (the second call wedged the run); a long one keeps its start and a digest."""
@@ -227,7 +217,6 @@ def test_tool_call_ids_of_a_long_saga_id_stay_unique(crash_cluster: Cluster) -> 
     assert len(ids) == 2 and len(set(ids)) == 2 and all(len(i) <= 200 for i in ids)
 
 
-@pytest.mark.one_broker
 @pytest.mark.parametrize("flow", ["mail_run", "mail_run_oai"])
 def test_arguments_the_journal_refuses_are_a_model_retry(crash_cluster: Cluster,
                                                          flow: str) -> None:
@@ -242,7 +231,6 @@ def test_arguments_the_journal_refuses_are_a_model_retry(crash_cluster: Cluster,
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
 
 
-@pytest.mark.one_broker
 def test_a_model_answer_with_a_nul_fails_the_run_without_quoting_it(
         crash_cluster: Cluster) -> None:
     """The model's answer holds a NUL (no PostgreSQL text holds one) and a card: the

@@ -114,7 +114,6 @@ def test_a_rolled_back_savepoint_keeps_the_messages_of_rows_that_commit(
     assert b.task_id not in {e.task_id for e in crash_cluster.sw.inspect(key).entries}
 
 
-@pytest.mark.one_broker
 def test_a_session_joined_to_an_outer_transaction_publishes_after_the_outer_commit(
         crash_cluster: Cluster, app_engine: Engine, published: list[tuple[str, bool]],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +145,6 @@ def test_a_session_joined_to_an_outer_transaction_publishes_after_the_outer_comm
             assert handle.result(timeout=T) == "a-done"
 
 
-@pytest.mark.one_broker
 def test_a_long_lived_session_or_connection_keeps_its_listeners_once(
         crash_cluster: Cluster, app_engine: Engine) -> None:
     """Three transactions of one Session (and of one Connection) with a saga each: the

@@ -42,7 +42,6 @@ def test_a_failing_step_of_an_async_flow_compensates(cluster: Cluster, fail_at: 
     assert "a" in undone
 
 
-@pytest.mark.one_broker
 def test_an_async_flow_waits_at_a_gate_with_no_process_and_resumes(cluster: Cluster) -> None:
     key = uid("af")
     saga = cluster.sw.start(key, async_steps, key, parcel="p-9")

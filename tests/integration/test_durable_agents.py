@@ -56,7 +56,6 @@ def killed_mid_request(c: Cluster, key: str, saga: Any) -> None:
     assert turns(c, key) == ["turn-0", "turn-0", "turn-1", "turn-2"]
 
 
-@pytest.mark.one_broker
 def test_a_durable_run_sends_each_model_turn_once(crash_cluster: Cluster) -> None:
     """Each model turn is a journaled step: the replays after each tool step read the
     turns before it from the journal (three requests for two tools, not six)."""
@@ -123,7 +122,6 @@ def test_a_declined_card_cancels_the_hotel(crash_cluster: Cluster) -> None:
         ("info", "a model request: nothing to undo")] * 2
 
 
-@pytest.mark.one_broker
 def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
         crash_cluster: Cluster) -> None:
     """The voucher waits at its gate; every worker stops; a new one, after the signed
@@ -142,7 +140,6 @@ def test_a_gate_waits_with_no_process_and_the_run_resumes_once_approved(
     assert [e.phase for e in c.sw.inspect(key).entries] == [Phase.EXECUTED] * 7
 
 
-@pytest.mark.one_broker
 def test_a_deploy_that_changes_the_agents_instructions_holds_its_runs_at_turn_one(
         crash_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs wait at the voucher's gate. Code that instructs the agent otherwise is found
@@ -214,7 +211,6 @@ def test_an_openai_agents_run_sends_each_model_turn_once(crash_cluster: Cluster)
                                 ("Scripted", [], 10, 3)]
 
 
-@pytest.mark.one_broker
 def test_an_openai_agents_run_replayed_by_code_that_prompts_otherwise_diverges(
         crash_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The prompt's digest journaled by the worker is the one this process computes for
@@ -275,7 +271,6 @@ def test_a_rejected_or_overdue_gate_ends_the_run_and_compensates(crash_cluster: 
     assert "send_voucher" not in effects(c, key)
 
 
-@pytest.mark.one_broker
 def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Cluster) -> None:
     """A request that outlasts its claim's lease twice over: the worker's heartbeat
     keeps the claim, so the sweeper hands the flow to nobody else (no second request)."""
@@ -285,7 +280,6 @@ def test_a_model_request_longer_than_the_lease_is_sent_once(crash_cluster: Clust
     assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
 
 
-@pytest.mark.one_broker
 def test_a_worker_killed_during_a_tool_is_resumed_without_asking_the_model_again(
         crash_cluster: Cluster) -> None:
     """SIGKILL of the process running an idempotent tool the model asked for: the step is

@@ -69,7 +69,6 @@ def test_a_tool_celery_retries_is_published_not_run_eagerly(cluster: Cluster) ->
     assert got == [(1, True), (2, False), (3, True)]
 
 
-@pytest.mark.one_broker
 def test_eager_steps_can_be_turned_off(cluster: Cluster) -> None:
     """SAGAWORKER_EAGER_STEPS=false: every step of a flow is published."""
     cluster.stop_workers()
@@ -95,7 +94,6 @@ def _kill_eager_step(c: Cluster, key: str, seq: int) -> dict[str, Any]:
     return intent[0]
 
 
-@pytest.mark.one_broker
 def test_killed_during_an_eager_idempotent_step_it_runs_again(crash_cluster: Cluster) -> None:
     """The pool process dies inside an eager step: its lease lapses, the sweeper delivers
     it, the idempotent tool runs again; the flow goes on and completes, nothing twice."""
@@ -133,7 +131,6 @@ def test_killed_during_an_eager_step_it_is_in_doubt(crash_cluster: Cluster) -> N
     assert [(r.kind, r.tool) for r in c.ledger(key)] == [("effect", "a"), ("undo", "a")]
 
 
-@pytest.mark.one_broker
 def test_a_worker_with_a_time_limit_publishes_every_step(cluster: Cluster) -> None:
     """`celery worker --time-limit`: a chain of eager steps could outlive the limit of
     the delivery that carries it, so that worker runs none."""
@@ -189,7 +186,6 @@ def test_an_eager_retry_counts_against_the_tools_max_retries(cluster: Cluster) -
     assert cluster.sw.inspect(key).entries[1].phase is Phase.FAILED
 
 
-@pytest.mark.one_broker
 def test_an_eager_claim_that_lapsed_while_its_advance_stalled_is_not_run_again(
         crash_cluster: Cluster) -> None:
     """The advance that claimed step b with its INTENT (to run it here) stalls past b's

@@ -56,7 +56,6 @@ def deploy(c: Cluster, code: str, **env: str) -> None:
     c.start_worker(TEST_FLOW_CODE=code, **env)
 
 
-@pytest.mark.one_broker
 def test_a_deploy_that_changes_a_flow_holds_its_sagas_and_patches_serve_both(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     c, sw = cluster, cluster.sw
@@ -193,7 +192,6 @@ def refused_held(c: Cluster, key: str) -> list[dict[str, Any]]:
     return [e for e in c.events(key) if e.get("event") == "step_held"]
 
 
-@pytest.mark.one_broker
 def test_a_held_sagas_gate_is_not_offered_and_no_worker_runs_its_approved_step(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A held saga's gate is not offered nor approved, and a worker never runs a

@@ -149,7 +149,6 @@ def test_replay_that_diverges_fails_a_saga_declared_to_compensate(cluster: Clust
              "flow_diverged")
 
 
-@pytest.mark.one_broker
 def test_lost_advance_is_sent_again_by_the_sweeper(cluster: Cluster,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The first advance message is lost: the sweeper finds the flow and sends it again."""

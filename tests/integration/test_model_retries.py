@@ -31,7 +31,6 @@ def undone(c: Cluster, key: str) -> list[str]:
     return [r.tool for r in c.ledger(key) if r.kind == "undo"]
 
 
-@pytest.mark.one_broker
 @pytest.mark.parametrize("flow", ["mail_run", "mail_run_oai"])
 def test_two_503s_then_an_answer_complete_the_run_with_nothing_undone(
         crash_cluster: Cluster, flow: str) -> None:
@@ -49,7 +48,6 @@ def test_two_503s_then_an_answer_complete_the_run_with_nothing_undone(
     assert all("status 503" in e["error"] for e in retries)
 
 
-@pytest.mark.one_broker
 def test_a_429_with_retry_after_waits_at_least_that_long(crash_cluster: Cluster) -> None:
     c, key = crash_cluster, uid("ma")
     res = start(c, key, "mail_run", [[hotel(key)]], errors={"0": [[429, 2]]}).wait(timeout=T)
@@ -58,7 +56,6 @@ def test_a_429_with_retry_after_waits_at_least_that_long(crash_cluster: Cluster)
     assert (second - first).total_seconds() >= 2.0
 
 
-@pytest.mark.one_broker
 def test_a_400_compensates_at_once_naming_the_providers_error(crash_cluster: Cluster) -> None:
     """The hotel is booked, then the next request is refused (400): sent once, the run
     fails, the hotel is cancelled, the reason names the status and the provider's body."""
@@ -73,7 +70,6 @@ def test_a_400_compensates_at_once_naming_the_providers_error(crash_cluster: Clu
     assert "ModelHTTPError (status 400)" in reason and "scripted 400" in reason, reason
 
 
-@pytest.mark.one_broker
 def test_spent_tries_compensate(crash_cluster: Cluster) -> None:
     """``Durability(sw, model_retries=2)``: two 503s on the turn after the hotel are its
     tries in all: the run fails and the hotel is cancelled; the reason says so."""

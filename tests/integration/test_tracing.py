@@ -266,7 +266,6 @@ def test_flow_is_one_trace(traced: Cluster, producer_spans: str) -> None:
     assert_whole(trace, start[0])
 
 
-@pytest.mark.one_broker
 def test_beside_celery_instrumentation_one_trace(instrumented: Cluster, producer_spans: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """With opentelemetry-instrumentation-celery in both processes: still one trace,
@@ -314,7 +313,6 @@ def test_beside_celery_instrumentation_one_trace(instrumented: Cluster, producer
     assert_whole(trace, root)
 
 
-@pytest.mark.one_broker
 def test_worker_killed_mid_step_rerun_keeps_the_trace(traced: Cluster,
                                                       producer_spans: str) -> None:
     """A worker SIGKILLed inside an idempotent step: a restarted worker runs it again once

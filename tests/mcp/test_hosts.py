@@ -64,7 +64,6 @@ def check(c: Cluster, key: str, requests: list[str]) -> str:
     return saga_id.group(0)
 
 
-@pytest.mark.one_broker
 def test_pydantic_ai_agent_is_told_what_was_undone(cluster: Cluster) -> None:
     """Pydantic AI: the failed call's isError answer comes back to the model as a retry
     prompt carrying the server's text (what was undone, do not retry in this saga)."""
@@ -138,7 +137,6 @@ def told(given: list[Any]) -> str:
                       default=str)
 
 
-@pytest.mark.one_broker
 def test_openai_agents_sdk_agent_is_told_what_was_undone(cluster: Cluster) -> None:
     """The OpenAI Agents SDK: the failed call's isError content is the function call's
     output in the model's next input (what was undone, do not retry in this saga)."""

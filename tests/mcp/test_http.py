@@ -40,7 +40,6 @@ def hotel(saga_id: str, key: str) -> dict[str, Any]:
     return {"saga_id": saga_id, "key": key, "city": "Porto", "nights": 1}
 
 
-@pytest.mark.one_broker
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_without_tokens_loopback_serves_every_caller_as_one(cluster: Cluster,
                                                             mode: str) -> None:
@@ -61,7 +60,6 @@ def test_without_tokens_loopback_serves_every_caller_as_one(cluster: Cluster,
     assert (meta["mcp_principal"], meta["purpose"]) == ("loopback", "by http")
 
 
-@pytest.mark.one_broker
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_tokens_bind_each_saga_to_its_client(cluster: Cluster, mode: str) -> None:
     """With tokens: no token, or a wrong one, is refused at the door (401); alice's call runs;
@@ -95,7 +93,6 @@ def test_tokens_bind_each_saga_to_its_client(cluster: Cluster, mode: str) -> Non
     assert [(e.seq, e.phase) for e in rec.entries] == [(1, Phase.EXECUTED)]
 
 
-@pytest.mark.one_broker
 def test_a_server_killed_mid_call_leaves_the_step_to_the_workers(cluster: Cluster) -> None:
     """SIGKILL the server while a call waits for its step: the kill hits a live call (its
     client loses the answer), the workers finish the step, and it runs once."""

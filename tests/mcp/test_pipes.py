@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import threading
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -21,14 +23,24 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def socket_pair() -> tuple[int, int]:
+    """Two connected sockets' fds (a Node host spawns its servers with libuv's sockets)."""
+    a, b = socket.socketpair()
+    return a.detach(), b.detach()
+
+
+PAIRS: dict[str, Callable[[], tuple[int, int]]] = {"pipe": os.pipe, "socket": socket_pair}
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_lines_are_read_whole_and_messages_written_on_the_loop_with_stray_output_diverted(
-        capfd: pytest.CaptureFixture[str]) -> None:
+        capfd: pytest.CaptureFixture[str], pair: str) -> None:
     """Lines as the SDK reads them (one past the loop's 64 KiB buffer, bad UTF-8 replaced,
     a last line without its newline); what the server writes reaches the wire whole;
     a stray write to "stdout" while serving goes to stderr, not the wire; "stdin" reads
     nothing meanwhile; after serving, both fds are the wire again, blocking."""
-    host_w, stdin = os.pipe()[::-1]  # host writes host_w; the server reads stdin
-    stdout, host_r = os.pipe()[::-1]  # the server writes stdout; the host reads host_r
+    stdin, host_w = PAIRS[pair]()  # the host writes host_w; the server reads stdin
+    host_r, stdout = PAIRS[pair]()  # the server writes stdout; the host reads host_r
     long = "x" * 200_000
     sent = f'{{"a": 1}}\n{long}\n'.encode() + b"caf\xff\n" + b'{"last": true}'
     writer = threading.Thread(target=lambda: (os.write(host_w, sent), os.close(host_w)),
@@ -45,6 +57,9 @@ def test_lines_are_read_whole_and_messages_written_on_the_loop_with_stray_output
             os.write(stdout, b"stray\n")  # a tool's print, say
             assert os.read(stdin, 10) == b""  # the null device
             writer.start()
+            with pytest.raises(RuntimeError, match="already served"):
+                async with pipe_stdio(stdin, stdout):
+                    pass
             got = [line async for line in lines]
             await out.write(reply + "\n")
             await out.flush()
@@ -65,21 +80,51 @@ def test_lines_are_read_whole_and_messages_written_on_the_loop_with_stray_output
         os.close(fd)
 
 
-def test_a_file_or_terminal_is_left_to_the_sdk() -> None:
+def claimed(stdin: int, stdout: int) -> object:
+    async def claim() -> object:
+        async with pipe_stdio(stdin, stdout) as pipes:
+            os.write(stdout, b"mine")  # not diverted: the host still gets it
+            return pipes
+
+    return anyio.run(claim)
+
+
+def test_a_file_is_left_to_the_sdk() -> None:
     """A regular file is not pollable (the loop cannot wait on it): ``pipe_stdio`` gives
     None and claims nothing, so ``serve_stdio`` falls back to the SDK's threads."""
     with tempfile.TemporaryFile() as f:
         r, w = os.pipe()
         try:
             assert pollable(r) and pollable(w) and not pollable(f.fileno())
-
-            async def claim() -> object:
-                async with pipe_stdio(f.fileno(), w) as pipes:
-                    os.write(w, b"mine")  # not diverted: the pipe still has it
-                    return pipes
-
-            assert anyio.run(claim) is None
+            assert claimed(f.fileno(), w) is None
             assert os.read(r, 10) == b"mine"
         finally:
             os.close(r)
             os.close(w)
+
+
+def test_stdin_and_stdout_on_one_socket_are_left_to_the_sdk() -> None:
+    """One socket for both (inetd, ``socat EXEC:``): the loop's writer would take each
+    request for its peer closing; the SDK serves it."""
+    mine, host = socket.socketpair()
+    with mine, host:
+        assert claimed(mine.fileno(), mine.fileno()) is None
+        assert host.recv(10) == b"mine"
+
+
+def test_stdout_and_stderr_on_one_pipe_are_left_to_the_sdk() -> None:
+    """``2>&1``: serving stdout on the loop would make stderr non-blocking too."""
+    r, w = os.pipe()
+    stdin, host_w = os.pipe()
+    saved = os.dup(2)
+    try:
+        os.dup2(w, 2)
+        got = claimed(stdin, w)
+    finally:
+        os.dup2(saved, 2)
+        for fd in (saved, r, w, stdin, host_w):
+            if fd != r:
+                os.close(fd)
+    assert got is None
+    assert os.read(r, 10) == b"mine"
+    os.close(r)

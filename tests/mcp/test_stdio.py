@@ -55,7 +55,6 @@ def test_a_call_is_a_step_the_workers_run(cluster: Cluster, mode: str) -> None:
     assert cluster.sw.inspect(saga_id).status is SagaStatus.COMPLETED
 
 
-@pytest.mark.one_broker
 def test_a_failed_call_undoes_what_ran_once_and_says_what(cluster: Cluster) -> None:
     """A hotel booked, then the card declined: the call answers FAILED (isError) with what
     was undone (the hotel, COMPENSATED) and not to retry in this saga; the undo ran once,
@@ -89,7 +88,6 @@ def test_a_failed_call_undoes_what_ran_once_and_says_what(cluster: Cluster) -> N
     assert kinds(cluster, key) == [("effect", "book_hotel"), ("undo", "book_hotel")]
 
 
-@pytest.mark.one_broker
 def test_a_gate_is_decided_by_a_signed_token_not_by_any_request(cluster: Cluster) -> None:
     """send_voucher answers PENDING_APPROVAL (it has not run); no tool approves, and the
     same call again (its call id) journals nothing and still pends. Approved with the
@@ -138,7 +136,6 @@ def test_a_gate_is_decided_by_a_signed_token_not_by_any_request(cluster: Cluster
     assert kinds(cluster, key) == [("effect", "send_voucher")]
 
 
-@pytest.mark.one_broker
 def test_a_retried_call_id_answers_the_journaled_step(cluster: Cluster) -> None:
     """The same call id again, from a restarted server (a host retrying after a lost
     answer): the first step's outcome, nothing journaled, the tool not run again."""
@@ -158,7 +155,6 @@ def test_a_retried_call_id_answers_the_journaled_step(cluster: Cluster) -> None:
     assert kinds(cluster, key) == [("effect", "book_hotel")]
 
 
-@pytest.mark.one_broker
 def test_refusals_journal_nothing(cluster: Cluster) -> None:
     """Bad arguments, an unknown saga and a committed one: isError with the reason, nothing
     journaled, nothing run, the open saga still RUNNING."""
@@ -181,7 +177,6 @@ def test_refusals_journal_nothing(cluster: Cluster) -> None:
     assert kinds(cluster, key) == []
 
 
-@pytest.mark.one_broker
 def test_a_slow_step_answers_running_with_progress_and_a_closed_transport_stops_nothing(
         cluster: Cluster) -> None:
     """A step slower than the wait: progress notifications while it waits, then RUNNING.
@@ -224,7 +219,6 @@ def test_a_slow_step_answers_running_with_progress_and_a_closed_transport_stops_
     assert kinds(cluster, key) == [("effect", "slow"), ("effect", "abandoned")]
 
 
-@pytest.mark.one_broker
 def test_a_server_given_files_for_stdin_and_stdout_answers_through_the_sdks_threads(
         cluster: Cluster) -> None:
     """`sagaworker mcp < requests.jsonl > answers.jsonl`: files, not pipes, so served by the

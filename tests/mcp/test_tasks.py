@@ -32,7 +32,6 @@ def phases(c: Cluster, saga_id: str) -> list[tuple[int, str, Phase]]:
             for e in c.sw.inspect(saga_id).entries]
 
 
-@pytest.mark.one_broker
 def test_a_gated_call_is_a_task_an_operator_decides_while_no_server_runs(
         cluster: Cluster) -> None:
     """send_voucher answers a task at once (working: it has NOT run, an operator decides);
@@ -77,7 +76,6 @@ def test_a_gated_call_is_a_task_an_operator_decides_while_no_server_runs(
     assert kinds(cluster, key) == [("effect", "send_voucher")]
 
 
-@pytest.mark.one_broker
 def test_cancelling_a_gated_task_aborts_the_saga_which_undoes_what_ran_once(
         cluster: Cluster) -> None:
     """A hotel booked and a card charged (answered at once), then the voucher's gate as a
@@ -115,7 +113,6 @@ def test_cancelling_a_gated_task_aborts_the_saga_which_undoes_what_ran_once(
     assert not any(a.saga_id == saga_id for a in cluster.sw.pending_approvals())
 
 
-@pytest.mark.one_broker
 def test_a_step_longer_than_the_wait_is_a_task_that_completes_with_its_outcome(
         cluster: Cluster) -> None:
     """--wait 1: a slow step is a task, which FastMCP's ordinary call_tool polls to its
@@ -150,7 +147,6 @@ def test_a_step_longer_than_the_wait_is_a_task_that_completes_with_its_outcome(
     assert kinds(cluster, key) == [("effect", "slow"), ("undo", "slow")]
 
 
-@pytest.mark.one_broker
 def test_a_task_is_its_callers_and_completes_once_an_operator_rejects_it(cluster: Cluster) -> None:
     """Over HTTP with two bearer tokens: alice's gated call is a task; to bob its id is "not
     found" for tasks/get and tasks/cancel, and nothing is aborted: the saga still waits at
