@@ -200,6 +200,8 @@ def test_a_held_sagas_gate_is_not_offered_and_no_worker_runs_its_approved_step(
     not listed, its token refused naming the commands that resolve it. After a rollback
     and ``flows resume`` both move on, ship run once each."""
     c, sw = cluster, cluster.sw
+    # its workers run code 1 (the module's cluster may run the code an earlier test left)
+    deploy(c, "1")
     early, late = uid("h"), uid("h")
     for k in (early, late):
         sw.start(k, versioned, k, "p")
