@@ -188,8 +188,9 @@ def test_a_deploy_that_changes_the_agents_instructions_holds_its_runs_at_turn_on
         assert effects(c, key) == ["book_hotel", "charge_card", "send_voucher"]
         assert turns(c, key) == ["turn-0", "turn-1", "turn-2"]
         assert not [e for e in c.sw.inspect(key).entries if e.compensation is not None]
-    finally:
+    finally:  # the module's worker as it was: the instructions of this process's code
         c.stop_workers()
+        monkeypatch.delenv("TEST_TRIP_INSTRUCTIONS")  # (a worker inherits the environment)
         c.start_worker()
 
 
